@@ -1,0 +1,213 @@
+"""The CNI result model and its shape in each specification version.
+
+Results are held in one typed form and emitted in whatever `cniVersion` the caller's
+config names: 0.3.x/0.4.0 carry `ips[].version`; 1.0.0 drops it; 1.1.0 adds interface
+`mtu`/`socketPath`/`pciID` and the extra route attributes. Empty fields are omitted,
+as libcni does.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni import version as cniversion
+from cni.errors import CniError, Code
+
+IPInterface = ipaddress.IPv4Interface | ipaddress.IPv6Interface
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+
+
+@dataclass
+class Interface:
+    name: str
+    mac: str = ""
+    mtu: int = 0
+    sandbox: str = ""
+    socket_path: str = ""
+    pci_id: str = ""
+
+
+@dataclass
+class IPConfig:
+    address: IPInterface
+    gateway: IPAddress | None = None
+    interface: int | None = None
+
+
+@dataclass
+class Route:
+    dst: IPNetwork
+    gw: IPAddress | None = None
+    mtu: int = 0
+    advmss: int = 0
+    priority: int = 0
+    table: int | None = None
+    scope: int | None = None
+
+
+@dataclass
+class DNS:
+    nameservers: list[str] = field(default_factory=list)
+    domain: str = ""
+    search: list[str] = field(default_factory=list)
+    options: list[str] = field(default_factory=list)
+
+    def empty(self) -> bool:
+        return not (self.nameservers or self.domain or self.search or self.options)
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        if self.nameservers:
+            out["nameservers"] = list(self.nameservers)
+        if self.domain:
+            out["domain"] = self.domain
+        if self.search:
+            out["search"] = list(self.search)
+        if self.options:
+            out["options"] = list(self.options)
+        return out
+
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "dns") -> DNS:
+        if raw is None:
+            return cls()
+        if not isinstance(raw, dict):
+            raise CniError(Code.DECODE_FAILURE, f"{where} must be an object, got {raw!r}")
+
+        def strings(key: str) -> list[str]:
+            value = raw.get(key) or []
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise CniError(Code.DECODE_FAILURE, f"{where}.{key} must be a list of strings")
+            return list(value)
+
+        domain = raw.get("domain") or ""
+        if not isinstance(domain, str):
+            raise CniError(Code.DECODE_FAILURE, f"{where}.domain must be a string")
+        return cls(strings("nameservers"), domain, strings("search"), strings("options"))
+
+
+@dataclass
+class Result:
+    interfaces: list[Interface] = field(default_factory=list)
+    ips: list[IPConfig] = field(default_factory=list)
+    routes: list[Route] = field(default_factory=list)
+    dns: DNS = field(default_factory=DNS)
+
+    # ---- output -------------------------------------------------------------------
+    def to_dict(self, cni_version: str, *, ipam: bool = False) -> dict[str, Any]:
+        """The result as the spec's `cni_version` shapes it (an IPAM result if `ipam`)."""
+        legacy = not cniversion.at_least(cni_version, "1.0.0")
+        v11 = cniversion.at_least(cni_version, "1.1.0")
+        out: dict[str, Any] = {"cniVersion": cni_version}
+        if self.interfaces and not ipam:
+            ifaces = []
+            for i in self.interfaces:
+                d: dict[str, Any] = {"name": i.name}
+                if i.mac:
+                    d["mac"] = i.mac
+                if v11 and i.mtu:
+                    d["mtu"] = i.mtu
+                if i.sandbox:
+                    d["sandbox"] = i.sandbox
+                if v11 and i.socket_path:
+                    d["socketPath"] = i.socket_path
+                if v11 and i.pci_id:
+                    d["pciID"] = i.pci_id
+                ifaces.append(d)
+            out["interfaces"] = ifaces
+        if self.ips:
+            ips = []
+            for ip in self.ips:
+                d = {}
+                if legacy:
+                    d["version"] = str(ip.address.version)
+                d["address"] = ip.address.with_prefixlen
+                if ip.gateway is not None:
+                    d["gateway"] = str(ip.gateway)
+                if ip.interface is not None and not ipam:
+                    d["interface"] = ip.interface
+                ips.append(d)
+            out["ips"] = ips
+        if self.routes:
+            routes = []
+            for r in self.routes:
+                d = {"dst": r.dst.with_prefixlen}
+                if r.gw is not None:
+                    d["gw"] = str(r.gw)
+                if v11:
+                    for key, value in (("mtu", r.mtu), ("advmss", r.advmss), ("priority", r.priority)):
+                        if value:
+                            d[key] = value
+                    if r.table is not None:
+                        d["table"] = r.table
+                    if r.scope is not None:
+                        d["scope"] = r.scope
+                routes.append(d)
+            out["routes"] = routes
+        if not self.dns.empty():
+            out["dns"] = self.dns.to_dict()
+        elif legacy:
+            out["dns"] = {}
+        return out
+
+    # ---- input --------------------------------------------------------------------
+    @classmethod
+    def from_dict(cls, raw: Any, where: str = "result") -> Result:
+        """Parse a result of any supported version (a prevResult, an IPAM plugin's output)."""
+        if not isinstance(raw, dict):
+            raise CniError(Code.DECODE_FAILURE, f"{where} must be a JSON object")
+        try:
+            return cls._parse(raw, where)
+        except CniError:
+            raise
+        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+            raise CniError(Code.DECODE_FAILURE, f"cannot decode {where}: {exc}") from None
+
+    @classmethod
+    def _parse(cls, raw: dict[str, Any], where: str) -> Result:
+        interfaces = []
+        for i in raw.get("interfaces") or []:
+            name = i["name"]
+            if not isinstance(name, str):
+                raise ValueError(f"interfaces[].name must be a string, got {name!r}")
+            interfaces.append(
+                Interface(
+                    name=name,
+                    mac=str(i.get("mac") or ""),
+                    mtu=int(i.get("mtu") or 0),
+                    sandbox=str(i.get("sandbox") or ""),
+                    socket_path=str(i.get("socketPath") or ""),
+                    pci_id=str(i.get("pciID") or ""),
+                )
+            )
+        ips = []
+        for ip in raw.get("ips") or []:
+            iface = ip.get("interface")
+            if iface is not None and (not isinstance(iface, int) or iface < 0):
+                raise ValueError(f"ips[].interface must be a non-negative integer, got {iface!r}")
+            gw = ip.get("gateway")
+            ips.append(
+                IPConfig(
+                    address=ipaddress.ip_interface(ip["address"]),
+                    gateway=ipaddress.ip_address(gw) if gw else None,
+                    interface=iface,
+                )
+            )
+        routes = []
+        for r in raw.get("routes") or []:
+            gw = r.get("gw")
+            routes.append(
+                Route(
+                    dst=ipaddress.ip_network(r["dst"], strict=False),
+                    gw=ipaddress.ip_address(gw) if gw else None,
+                    mtu=int(r.get("mtu") or 0),
+                    advmss=int(r.get("advmss") or 0),
+                    priority=int(r.get("priority") or 0),
+                    table=int(r["table"]) if r.get("table") is not None else None,
+                    scope=int(r["scope"]) if r.get("scope") is not None else None,
+                )
+            )
+        return cls(interfaces, ips, routes, DNS.from_dict(raw.get("dns"), f"{where}.dns"))

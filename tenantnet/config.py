@@ -1,0 +1,108 @@
+"""The node configuration: `/etc/tenantnet/tenantnet.yaml` (or `$TENANTNET_CONFIG`).
+
+A missing file means defaults. An invalid file is an error naming the file and the key,
+because a silently ignored typo in a node config is how attachments end up on the wrong
+OVS or state goes to the wrong place.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, replace
+from typing import Any
+
+from cni.errors import CniError, Code
+from cni.log import DEFAULT_LOG_FILE, level_number
+
+DEFAULT_PATH = "/etc/tenantnet/tenantnet.yaml"
+DEFAULT_OVSDB = "unix:/var/run/openvswitch/db.sock"
+DEFAULT_STATE_DIR = "/var/lib/tenantnet"
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    ovsdb: str = DEFAULT_OVSDB
+    state_dir: str = DEFAULT_STATE_DIR
+    log_file: str = DEFAULT_LOG_FILE
+    log_level: str = "info"
+    ovsdb_timeout: float = 5.0
+    source: str = "(defaults)"
+
+
+# YAML key -> (dataclass field, type check, description of what is allowed)
+_KEYS: dict[str, tuple[str, type, str]] = {
+    "ovsdb": ("ovsdb", str, "an OVSDB endpoint: unix:/path, tcp:host:port or ssl:host:port"),
+    "stateDir": ("state_dir", str, "an absolute directory path"),
+    "logFile": ("log_file", str, "an absolute file path"),
+    "logLevel": ("log_level", str, "one of debug, info, warning, error"),
+    "ovsdbTimeout": ("ovsdb_timeout", float, "a number of seconds between 0.1 and 120"),
+}
+
+
+def normalise_ovsdb_endpoint(value: str) -> str | None:
+    """`unix:/p`, `tcp:h:p`, `ssl:h:p`, or a bare absolute path (taken as unix:)."""
+    if value.startswith("/"):
+        return "unix:" + value
+    kind, _, rest = value.partition(":")
+    if kind == "unix" and rest.startswith("/"):
+        return value
+    if kind in ("tcp", "ssl"):
+        host, _, port = rest.rpartition(":")
+        if host and port.isdigit() and 0 < int(port) < 65536:
+            return value
+    return None
+
+
+def _bad(path: str, key: str, value: Any, allowed: str) -> CniError:
+    return CniError(
+        Code.INVALID_CONFIG,
+        f"invalid node config {path}: {key}={value!r}: {allowed}",
+    )
+
+
+def load(path: str | None = None) -> NodeConfig:
+    path = path or os.environ.get("TENANTNET_CONFIG") or DEFAULT_PATH
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return NodeConfig()
+    except OSError as exc:
+        raise CniError(Code.IO_FAILURE, f"cannot read node config {path}: {exc.strerror}") from None
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CniError(Code.INVALID_CONFIG, f"invalid node config {path}: not valid YAML: {exc}") from None
+    if data is None:
+        return replace(NodeConfig(), source=path)
+    if not isinstance(data, dict):
+        raise CniError(Code.INVALID_CONFIG, f"invalid node config {path}: must be a YAML mapping")
+    values: dict[str, Any] = {"source": path}
+    for key, value in data.items():
+        if key not in _KEYS:
+            raise CniError(
+                Code.INVALID_CONFIG,
+                f"invalid node config {path}: unknown key {key!r}; known keys: {', '.join(_KEYS)}",
+            )
+        attr, typ, allowed = _KEYS[key]
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, typ) or isinstance(value, bool):
+            raise _bad(path, key, value, allowed)
+        if key == "ovsdb":
+            value = normalise_ovsdb_endpoint(value)
+            if value is None:
+                raise _bad(path, key, data[key], allowed)
+        elif key in ("stateDir", "logFile") and not value.startswith("/"):
+            raise _bad(path, key, value, allowed)
+        elif key == "logLevel":
+            try:
+                level_number(value)
+            except KeyError:
+                raise _bad(path, key, value, allowed) from None
+        elif key == "ovsdbTimeout" and not 0.1 <= value <= 120:
+            raise _bad(path, key, value, allowed)
+        values[attr] = value
+    return replace(NodeConfig(), **values)

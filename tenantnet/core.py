@@ -1,0 +1,347 @@
+"""The plugin core: the CNI verbs, in order, with the record as the source of truth.
+
+ADD writes the attachment record before touching the kernel or OVS, then lets the driver
+attach, asks IPAM for addresses, configures them in the pod and completes the record. Any
+failure rolls back what was done. DEL, CHECK and GC start from the record — never from
+what the caller remembers — so repeated DELs, DEL without netns or prevResult, and a
+crash at any point all end with nothing left behind.
+
+The core is a library: the `tenantnet` executable only turns env + stdin into a call here.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import replace
+from typing import Any
+
+from cni import version as cniversion
+from cni.env import CniEnv
+from cni.errors import CniError, Code
+from cni.log import get as get_log
+from cni.netconf import NetConf, parse_netconf, valid_attachments
+from cni.result import DNS, Interface, IPConfig, Result, Route
+from tenantnet import ipam_client
+from tenantnet import netconf as tnconf
+from tenantnet.config import NodeConfig
+from tenantnet.drivers import base as drivers
+from tenantnet.records import (
+    PHASE_READY,
+    AttachmentRecord,
+    CorruptRecord,
+    PodRef,
+    RecordStore,
+)
+from tenantnet.system import netlink, ovsdb
+from tenantnet.system.netns import NamespaceNotFound, netns_exists
+
+RECORD_VERSION = "1.1.0"  # results are kept in the newest shape and converted on output
+FAULT_ENV = "TENANTNET_TEST_FAULT"
+
+
+def _fault(point: str) -> None:
+    """Test-only crash injection: SIGKILL ourselves at a named point of ADD."""
+    if os.environ.get(FAULT_ENV) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def system_error(exc: BaseException, doing: str) -> CniError:
+    """Map adapter exceptions to CNI errors (one table for the whole core)."""
+    if isinstance(exc, CniError):
+        return exc
+    if isinstance(exc, ovsdb.OvsdbUnavailable):
+        return CniError(Code.TRY_AGAIN_LATER, f"{doing}: {exc}")
+    if isinstance(exc, ovsdb.OvsdbFailure):
+        return CniError(Code.OVSDB_FAILURE, f"{doing}: {exc}")
+    if isinstance(exc, NamespaceNotFound):
+        return CniError(Code.INVALID_ENV, f"invalid CNI_NETNS: {exc}")
+    if isinstance(exc, netlink.NetlinkProblem):
+        return CniError(Code.NETLINK_FAILURE, f"{doing}: {exc}")
+    if isinstance(exc, OSError):
+        return CniError(Code.IO_FAILURE, f"{doing}: {exc}")
+    return CniError(Code.INTERNAL, f"{doing}: internal error: {type(exc).__name__}: {exc}")
+
+
+class Plugin:
+    def __init__(self, node: NodeConfig) -> None:
+        self.node = node
+        self.records = RecordStore(node.state_dir)
+        self.log = get_log("tenantnet.core")
+
+    # ---- ADD --------------------------------------------------------------------------
+    def add(self, env: CniEnv, conf: NetConf) -> dict[str, Any]:
+        tconf = tnconf.parse(conf, env, self.node)
+        driver = drivers.for_mode(tconf.mode, self.node)
+        if not netns_exists(env.netns):
+            raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: no such network namespace")
+        key = (conf.name, env.container_id, env.ifname)
+        existing = self._load(*key)
+        if existing is not None:
+            if existing.phase == PHASE_READY and existing.netns == env.netns and existing.result \
+                    and self._pod_link_present(existing):
+                self.log.info("add.repeat", network=conf.name, container_id=env.container_id,
+                              ifname=env.ifname)
+                return Result.from_dict(existing.result).to_dict(conf.cni_version)
+            # A half-made or stale attachment under the same key: undo it first.
+            self._teardown(existing, env, driver)
+
+        record = AttachmentRecord(
+            network=conf.name,
+            container_id=env.container_id,
+            ifname=env.ifname,
+            mode=tconf.mode,
+            netns=env.netns,
+            pod=PodRef(env.args.pod_namespace, env.args.pod_name, env.args.pod_uid),
+            plan=driver.plan(tconf, env),
+            conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
+        )
+        record.plan["cniArgs"] = ipam_client.call_for(env).cni_args
+        self.records.save(record)  # intent first: from here on a crash is recoverable
+        _fault("after-record")
+        started = time.perf_counter()
+        try:
+            attached = driver.attach(record, tconf)
+            _fault("after-attach")
+            ipam_result = Result()
+            if tconf.ipam_type:
+                got = ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "ADD"), conf.raw)
+                ipam_result = got or Result()
+            _fault("after-ipam")
+            pod_state = netlink.configure_pod_interface(
+                env.netns, attached.pod_ifname, _address_plan(ipam_result)
+            )
+            result = _assemble(conf.prev_result, attached.host,
+                               Interface(name=pod_state.name, mac=pod_state.mac, mtu=pod_state.mtu,
+                                         sandbox=env.netns),
+                               ipam_result, tconf.dns)
+            record.phase = PHASE_READY
+            record.result = result.to_dict(RECORD_VERSION)
+            self.records.save(record)
+        except BaseException as exc:
+            err = system_error(exc, f"ADD {env.container_id}/{env.ifname} on network {conf.name}")
+            self.log.warning("add.failed", network=conf.name, container_id=env.container_id,
+                             ifname=env.ifname, code=err.code, error=err.msg,
+                             exc_info=not isinstance(exc, CniError))
+            self._rollback(record, env, driver)
+            raise err from None
+        self.log.info("add.done", network=conf.name, container_id=env.container_id,
+                      ifname=env.ifname, mode=tconf.mode, pod=f"{record.pod.namespace}/{record.pod.name}",
+                      ms=round((time.perf_counter() - started) * 1000, 2))
+        return result.to_dict(conf.cni_version)
+
+    def _pod_link_present(self, record: AttachmentRecord) -> bool:
+        try:
+            return netlink.pod_link(record.netns, record.ifname) is not None
+        except (NamespaceNotFound, netlink.NetlinkProblem):
+            return False
+
+    def _rollback(self, record: AttachmentRecord, env: CniEnv, driver: drivers.Driver) -> None:
+        try:
+            self._teardown(record, env, driver)
+        except BaseException as exc:  # keep the record: DEL or GC will finish the job
+            self.log.error("add.rollback_failed", network=record.network,
+                           container_id=record.container_id, ifname=record.ifname, error=str(exc))
+
+    # ---- DEL --------------------------------------------------------------------------
+    def delete(self, env: CniEnv, conf: NetConf) -> None:
+        record = self._load(conf.name, env.container_id, env.ifname)
+        if record is None:
+            record = self._record_from_request(env, conf)
+            if record is None:
+                self.log.info("del.nothing", network=conf.name, container_id=env.container_id,
+                              ifname=env.ifname)
+                return
+        driver = drivers.for_mode(record.mode, self.node)
+        try:
+            self._teardown(record, env, driver)
+        except BaseException as exc:
+            raise system_error(exc, f"DEL {env.container_id}/{env.ifname} on network {conf.name}") from None
+        self.log.info("del.done", network=conf.name, container_id=env.container_id, ifname=env.ifname)
+
+    def _record_from_request(self, env: CniEnv, conf: NetConf) -> AttachmentRecord | None:
+        """No record (lost, or never written): rebuild what we would have made from the request."""
+        try:
+            tconf = tnconf.parse(conf, env, self.node)
+            driver = drivers.for_mode(tconf.mode, self.node)
+        except CniError as err:
+            # A config we cannot parse cannot have produced an attachment of ours.
+            self.log.warning("del.unparsable_config", network=conf.name, error=err.msg)
+            return None
+        return AttachmentRecord(
+            network=conf.name, container_id=env.container_id, ifname=env.ifname,
+            mode=tconf.mode, netns=env.netns, plan=driver.plan(tconf, env),
+            conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
+        )
+
+    def _teardown(self, record: AttachmentRecord, env: CniEnv | None, driver: drivers.Driver,
+                  *, cni_path: tuple[str, ...] = ()) -> None:
+        """IPAM release, driver detach, record removal — each step idempotent."""
+        ipam_conf = record.conf.get("ipam")
+        if isinstance(ipam_conf, dict) and ipam_conf.get("type"):
+            call = ipam_client.IpamCall(
+                command="DEL", container_id=record.container_id, ifname=record.ifname,
+                netns="", cni_args=record.plan.get("cniArgs", ""),
+                cni_path=env.path if env is not None else cni_path,
+            )
+            ipam_client.run(ipam_conf["type"], call, record.conf)
+        driver.detach(record)
+        try:
+            self.records.remove(*record.key)
+        except ValueError:
+            pass  # a synthetic record for an orphan whose ids are not path-safe
+
+    # ---- CHECK ------------------------------------------------------------------------
+    def check(self, env: CniEnv, conf: NetConf) -> None:
+        if not cniversion.at_least(conf.cni_version, "0.4.0"):
+            raise CniError(Code.INCOMPATIBLE_VERSION,
+                           f"config version {conf.cni_version} does not allow CHECK (needs 0.4.0 or later)")
+        if conf.prev_result is None:
+            raise CniError(Code.INVALID_CONFIG, "invalid network config: CHECK needs prevResult")
+        tconf = tnconf.parse(conf, env, self.node)
+        record = self._load(conf.name, env.container_id, env.ifname)
+        if record is None or record.phase != PHASE_READY:
+            raise CniError(Code.UNKNOWN_CONTAINER,
+                           f"no attachment recorded for container {env.container_id} ifname "
+                           f"{env.ifname} on network {conf.name}")
+        driver = drivers.for_mode(record.mode, self.node)
+        try:
+            drift = driver.check(record)
+            drift += self._check_pod(env, conf.prev_result, tconf)
+            if tconf.ipam_type:
+                ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "CHECK"), conf.raw)
+        except CniError:
+            raise
+        except BaseException as exc:
+            raise system_error(exc, f"CHECK {env.container_id}/{env.ifname}") from None
+        if drift:
+            raise CniError(Code.CHECK_FAILED,
+                           f"CHECK failed for {env.container_id}/{env.ifname} on network "
+                           f"{conf.name}: " + "; ".join(drift))
+
+    def _check_pod(self, env: CniEnv, prev: Result, tconf: tnconf.TenantnetConf) -> list[str]:
+        drift: list[str] = []
+        try:
+            link = netlink.pod_link(env.netns, env.ifname)
+        except NamespaceNotFound:
+            return [f"network namespace {env.netns} is gone"]
+        if link is None:
+            return [f"interface {env.ifname} is missing in {env.netns}"]
+        index = next((i for i, itf in enumerate(prev.interfaces)
+                      if itf.name == env.ifname and itf.sandbox), None)
+        if index is None:
+            return [f"prevResult has no interface {env.ifname} with a sandbox"]
+        expected = prev.interfaces[index]
+        if expected.mac and expected.mac.lower() != link.mac:
+            drift.append(f"{env.ifname} has MAC {link.mac}, expected {expected.mac.lower()}")
+        want_mtu = expected.mtu or (tconf.ovs.mtu if tconf.ovs else None)
+        if want_mtu and want_mtu != link.mtu:
+            drift.append(f"{env.ifname} has MTU {link.mtu}, expected {want_mtu}")
+        if not link.up:
+            drift.append(f"{env.ifname} is down")
+        live = set(link.addresses)
+        for ip in prev.ips:
+            if ip.interface == index and ip.address.with_prefixlen not in live:
+                drift.append(f"{env.ifname} lacks address {ip.address.with_prefixlen}")
+        return drift
+
+    # ---- GC ---------------------------------------------------------------------------
+    def gc(self, env: CniEnv, raw: dict[str, Any]) -> None:
+        conf = parse_netconf(raw)
+        keep = valid_attachments(raw)
+        problems: list[CniError] = []
+        recorded: set[tuple[str, str]] = set()
+        doomed: list[AttachmentRecord] = []
+        for item in self.records.list(conf.name):
+            if isinstance(item, CorruptRecord):
+                problems.append(CniError(Code.IO_FAILURE, str(item)))
+                continue
+            recorded.add((item.container_id, item.ifname))
+            if (item.container_id, item.ifname) not in keep:
+                doomed.append(item)
+        try:
+            mode = tnconf.infer_mode(conf.raw)
+            driver = drivers.for_mode(mode, self.node)
+            hint = driver.plan(tnconf.parse(conf, _gc_env(env), self.node), _gc_env(env)) \
+                if mode == "ovs" else {}
+            doomed += driver.orphans(conf.name, keep, recorded, hint)
+        except (CniError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
+            problems.append(system_error(exc, "looking for unrecorded OVS ports"))
+        for record in doomed:
+            try:
+                self._teardown(record, None, drivers.for_mode(record.mode, self.node),
+                               cni_path=env.path)
+                self.log.info("gc.released", network=conf.name, container_id=record.container_id,
+                              ifname=record.ifname)
+            except BaseException as exc:
+                problems.append(system_error(exc, f"GC of {record.container_id}/{record.ifname}"))
+        if cniversion.at_least(conf.cni_version, "1.1.0") and isinstance(conf.ipam, dict) \
+                and conf.ipam.get("type") == ipam_client.OWN_IPAM:
+            from ipam import plugin as own_ipam
+
+            own_ipam.gc(conf, keep)
+        if problems:
+            raise CniError(problems[0].code, f"GC of network {conf.name} incomplete: "
+                           + "; ".join(p.msg for p in problems))
+
+    # ---- STATUS -----------------------------------------------------------------------
+    def status(self, env: CniEnv, raw: dict[str, Any]) -> None:
+        endpoint = self.node.ovsdb
+        socket_file = raw.get("socket_file")
+        if isinstance(socket_file, str):
+            from tenantnet.config import normalise_ovsdb_endpoint
+
+            endpoint = normalise_ovsdb_endpoint(socket_file) or endpoint
+        try:
+            ovsdb.probe(endpoint, timeout=min(self.node.ovsdb_timeout, 2.0))
+        except ovsdb.OvsdbUnavailable as exc:
+            raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {exc}") from None
+        try:
+            os.makedirs(self.records.root, mode=0o700, exist_ok=True)
+            if not os.access(self.records.root, os.W_OK):
+                raise PermissionError(self.records.root)
+        except OSError as exc:
+            raise CniError(Code.NOT_AVAILABLE,
+                           f"tenantnet is not available: state directory {self.records.root} "
+                           f"is not writable: {exc}") from None
+
+    # ---- helpers ----------------------------------------------------------------------
+    def _load(self, network: str, container_id: str, ifname: str) -> AttachmentRecord | None:
+        try:
+            return self.records.load(network, container_id, ifname)
+        except CorruptRecord as exc:
+            self.log.error("record.corrupt", error=str(exc))
+            return None
+
+
+def _gc_env(env: CniEnv) -> CniEnv:
+    # GC names no container; the plan it computes only serves as a hint (endpoint, bridge).
+    return replace(env, container_id="gc", ifname="gc")
+
+
+def _address_plan(result: Result) -> netlink.AddressPlan:
+    v4gw = next((ip.gateway for ip in result.ips if ip.gateway and ip.address.version == 4), None)
+    v6gw = next((ip.gateway for ip in result.ips if ip.gateway and ip.address.version == 6), None)
+    routes = []
+    for r in result.routes:
+        gw = r.gw or (v4gw if r.dst.version == 4 else v6gw)
+        routes.append((r.dst.with_prefixlen, str(gw) if gw else None))
+    return netlink.AddressPlan(addresses=[ip.address for ip in result.ips], routes=routes)
+
+
+def _assemble(prev: Result | None, host: Interface | None, pod: Interface, ipam: Result,
+              dns: DNS) -> Result:
+    """Our result, appended to a chained prevResult when there is one."""
+    base = prev or Result()
+    interfaces = list(base.interfaces)
+    if host is not None:
+        interfaces.append(host)
+    pod_index = len(interfaces)
+    interfaces.append(pod)
+    ips = list(base.ips) + [IPConfig(address=ip.address, gateway=ip.gateway, interface=pod_index)
+                            for ip in ipam.ips]
+    routes: list[Route] = list(base.routes) + list(ipam.routes)
+    chosen_dns = dns if not dns.empty() else (ipam.dns if not ipam.dns.empty() else base.dns)
+    return Result(interfaces=interfaces, ips=ips, routes=routes, dns=chosen_dns)
+

@@ -1,0 +1,225 @@
+"""`tenantnetctl`: the operators' CLI and manual test harness.
+
+    tenantnetctl lab up|down|status          a private OVS lab and a node config for it
+    tenantnetctl attach|check|detach ...     run the plugin as kubelet/Multus would
+    tenantnetctl gc|status --config NAD      the CNI GC / STATUS verbs for one network
+    tenantnetctl ls                          attachment records on this node
+    tenantnetctl ipam ...                    tenantnet-ipam's address store
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+EPILOG = """examples:
+  tenantnetctl lab up                    # private OVS + node config in /run/tenantnet-lab
+  export TENANTNET_CONFIG=/run/tenantnet-lab/tenantnet.yaml
+  tenantnetctl attach --config packaging/examples/ovs-vlan100.json --pod demo/a --ifname net1
+  tenantnetctl check  --config packaging/examples/ovs-vlan100.json --pod demo/a --ifname net1
+  tenantnetctl detach --config packaging/examples/ovs-vlan100.json --pod demo/a --ifname net1
+  tenantnetctl lab down
+"""
+
+
+def _node_config_path(args: argparse.Namespace) -> str | None:
+    return args.node_config or os.environ.get("TENANTNET_CONFIG") or None
+
+
+def _harness(args: argparse.Namespace) -> Any:
+    from tenantnet import config
+    from tenantnet.harness import Harness
+
+    path = _node_config_path(args)
+    node = config.load(path)
+    return Harness(path, node.state_dir)
+
+
+def _print_plugin_output(code: int, out: str) -> int:
+    if out:
+        try:
+            print(json.dumps(json.loads(out), indent=2))
+        except ValueError:
+            print(out)
+    return code
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from tenantnet import lab
+
+    try:
+        if args.lab_command == "up":
+            info = lab.up(args.dir, args.bridge)
+            if args.json:
+                print(json.dumps(lab.as_dict(info), indent=2))
+            else:
+                print(f"lab is up in {info.root}: OVS bridge {info.bridge} (userspace datapath)")
+                print(f"ovsdb-server pid {info.ovsdb_server_pid}, ovs-vswitchd pid {info.ovs_vswitchd_pid}")
+                print(f"node config: {info.node_config}")
+                print(f"  export TENANTNET_CONFIG={info.node_config}")
+            return 0
+        if args.lab_command == "down":
+            removed = lab.down(args.dir)
+            what = f"removed: {', '.join(removed)}" if removed else "nothing was running"
+            print(f"lab is down; {what}")
+            return 0
+        info = lab.status(args.dir)
+        if args.json:
+            print(json.dumps(lab.as_dict(info), indent=2))
+        else:
+            print(f"lab {info.root}: {'running' if info.running else 'not running'}")
+            if info.running:
+                print(f"  bridge {info.bridge}, OVSDB {info.ovsdb}, node config {info.node_config}")
+        return 0 if info.running else 3
+    except lab.LabError as exc:
+        print(f"tenantnetctl lab {args.lab_command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_pod_verb(args: argparse.Namespace) -> int:
+    from tenantnet.harness import HarnessError, Pod, load_network_config
+
+    try:
+        pod = Pod.parse(args.pod)
+        conf = load_network_config(args.config)
+        harness = _harness(args)
+    except HarnessError as exc:
+        print(f"tenantnetctl {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # node config errors come as CniError
+        print(f"tenantnetctl {args.command}: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "attach":
+        return _print_plugin_output(*harness.attach(conf, pod, args.ifname, args.mac or "", args.ip or ""))
+    if args.command == "check":
+        code, out = harness.check(conf, pod, args.ifname)
+        if code == 0:
+            print(f"CHECK ok: {pod.namespace}/{pod.name} {args.ifname} on {conf.get('name')}")
+        return _print_plugin_output(code, out)
+    return _print_plugin_output(*harness.detach(conf, pod, args.ifname, args.keep_netns))
+
+
+def cmd_network_verb(args: argparse.Namespace) -> int:
+    from tenantnet.harness import load_network_config
+
+    try:
+        conf = load_network_config(args.config)
+        harness = _harness(args)
+    except Exception as exc:
+        print(f"tenantnetctl {args.command}: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "gc":
+        code, out = harness.gc(conf)
+    else:
+        code, out = harness.invoke("STATUS", conf, None, "")
+    if code == 0:
+        print(f"{args.command.upper()} ok for network {conf.get('name')}")
+    return _print_plugin_output(code, out)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from tenantnet import config
+    from tenantnet.records import CorruptRecord, RecordStore
+
+    node = config.load(_node_config_path(args))
+    rows = []
+    for rec in RecordStore(node.state_dir).list(args.network):
+        if isinstance(rec, CorruptRecord):
+            print(f"warning: {rec}", file=sys.stderr)
+            continue
+        ips = [ip["address"] for ip in (rec.result or {}).get("ips", [])]
+        rows.append({
+            "network": rec.network, "pod": f"{rec.pod.namespace}/{rec.pod.name}",
+            "containerID": rec.container_id, "ifname": rec.ifname, "mode": rec.mode,
+            "phase": rec.phase, "hostIfname": rec.plan.get("hostIfname", ""),
+            "bridge": rec.plan.get("bridge", ""), "vlan": rec.plan.get("vlan"), "ips": ips,
+        })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    header = ("NETWORK", "POD", "IFNAME", "MODE", "PHASE", "HOST", "BRIDGE", "VLAN", "IPS")
+    table = [header] + [
+        (r["network"], r["pod"], r["ifname"], r["mode"], r["phase"], r["hostIfname"], r["bridge"],
+         "" if r["vlan"] is None else str(r["vlan"]), ",".join(r["ips"])) for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tenantnet import lab
+
+    parser = argparse.ArgumentParser(
+        prog="tenantnetctl", description=__doc__.split("\n\n")[0],
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--node-config", metavar="PATH",
+                        help="node config file (default: $TENANTNET_CONFIG or /etc/tenantnet/tenantnet.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p_lab = sub.add_parser("lab", help="a private Open vSwitch lab on this machine")
+    lab_sub = p_lab.add_subparsers(dest="lab_command", required=True, metavar="up|down|status")
+    for name, text in (("up", "start the lab OVS and write its node config"),
+                       ("down", "remove the lab and everything in it"),
+                       ("status", "is the lab running (exit 3 if not)")):
+        p = lab_sub.add_parser(name, help=text)
+        p.add_argument("--dir", default=lab.DEFAULT_ROOT,
+                       help=f"lab run directory (default {lab.DEFAULT_ROOT})")
+        if name == "up":
+            p.add_argument("--bridge", default=lab.DEFAULT_BRIDGE, help="OVS bridge to create")
+        if name != "down":
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=cmd_lab)
+
+    for name, text in (("attach", "create the pod netns if needed and run ADD"),
+                       ("check", "run CHECK with the cached result as prevResult"),
+                       ("detach", "run DEL and remove the pod netns once nothing is attached")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", required=True, metavar="NAD",
+                       help="network config: CNI JSON, or a NetworkAttachmentDefinition (YAML/JSON)")
+        p.add_argument("--pod", required=True, metavar="NS/NAME", help="the pod (namespace/name)")
+        p.add_argument("--ifname", default="net1", help="interface name in the pod (default net1)")
+        if name == "attach":
+            p.add_argument("--mac", help="request a MAC (sent as CNI_ARGS MAC=)")
+            p.add_argument("--ip", help="request addresses (sent as CNI_ARGS IP=, comma-separated)")
+        if name == "detach":
+            p.add_argument("--keep-netns", action="store_true", help="leave the pod netns in place")
+        p.set_defaults(func=cmd_pod_verb)
+
+    for name, text in (("gc", "CNI GC for a network, keeping what the harness has attached"),
+                       ("status", "CNI STATUS for a network (is the plugin ready?)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", required=True, metavar="NAD", help="network config file")
+        p.set_defaults(func=cmd_network_verb)
+
+    p_ls = sub.add_parser("ls", help="list attachment records on this node")
+    p_ls.add_argument("--network", help="only this network")
+    p_ls.add_argument("--json", action="store_true", help="machine-readable output")
+    p_ls.set_defaults(func=cmd_ls)
+
+    try:
+        from ipam import cli as ipam_cli
+    except ImportError:
+        ipam_cli = None
+    if ipam_cli is not None:
+        ipam_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""The interface every attachment mode implements, and the registry of modes.
+
+A driver owns the objects of one mode (for `ovs`: a veth pair and an OVS port). The core
+owns everything shared: records, IPAM, addresses in the pod, results, rollback. Adding a
+mode means adding a module here and a line in `_DRIVERS` — nothing else changes.
+"""
+
+from __future__ import annotations
+
+import importlib
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from cni.env import CniEnv
+from cni.errors import CniError, Code
+from cni.result import Interface
+from tenantnet.config import NodeConfig
+from tenantnet.netconf import TenantnetConf
+from tenantnet.records import AttachmentRecord
+
+
+@dataclass
+class Attached:
+    """What a driver made: the host-side interface (if any) and the pod interface's name."""
+
+    host: Interface | None
+    pod_ifname: str
+
+
+class Driver(ABC):
+    mode: str
+
+    def __init__(self, node: NodeConfig) -> None:
+        self.node = node
+
+    @abstractmethod
+    def plan(self, conf: TenantnetConf, env: CniEnv) -> dict[str, Any]:
+        """Names and settings fixed *before* anything is created; stored in the record."""
+
+    @abstractmethod
+    def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
+        """Create the interface inside the pod netns and wire its host side."""
+
+    @abstractmethod
+    def detach(self, record: AttachmentRecord) -> None:
+        """Undo `attach`; idempotent, works with the netns already gone."""
+
+    @abstractmethod
+    def check(self, record: AttachmentRecord) -> list[str]:
+        """Differences between the record and what is live on the host side."""
+
+    @abstractmethod
+    def describe(self, record: AttachmentRecord) -> dict[str, Any]:
+        """Live facts for operators (port, bridge, VLAN …)."""
+
+    def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
+                plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
+        """Objects of ours for `network` that have no record and are not to be kept.
+
+        Returned as synthetic records so that GC can pass them to `detach`.
+        """
+        return []
+
+
+_DRIVERS = {
+    "ovs": "tenantnet.drivers.ovs:OvsDriver",
+}
+_LATER = {
+    "sriov": "SR-IOV VF attachment (mode sriov)",
+    "ovs-offload": "OVS hardware offload (mode ovs-offload)",
+}
+
+
+def for_mode(mode: str, node: NodeConfig) -> Driver:
+    target = _DRIVERS.get(mode)
+    if target is None:
+        what = _LATER.get(mode, f"mode {mode!r}")
+        raise CniError(
+            Code.UNSUPPORTED_FIELD,
+            f"unsupported field value: mode={mode!r}: {what} is not available in this version "
+            f"of tenantnet; available modes: {', '.join(_DRIVERS)}",
+        )
+    module, _, cls = target.partition(":")
+    driver: Driver = getattr(importlib.import_module(module), cls)(node)
+    return driver

@@ -1,0 +1,162 @@
+"""Mode `ovs`: a veth pair, pod end created inside the pod netns, host end on an OVS bridge.
+
+The host end's name is derived from (container id, ifname) alone, so a repeated ADD, a DEL
+without a record, or GC after a crash all find the same link and port again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+from cni.env import CniEnv
+from cni.errors import CniError, Code
+from cni.result import Interface
+from tenantnet.drivers.base import Attached, Driver
+from tenantnet.netconf import TenantnetConf
+from tenantnet.records import AttachmentRecord, PodRef
+from tenantnet.system import netlink, ovsdb
+
+EXT_NETWORK = "tenantnet-network"
+EXT_CONTAINER = "tenantnet-container-id"
+EXT_IFNAME = "tenantnet-ifname"
+EXT_NETNS = "tenantnet-netns"
+EXT_POD_NS = "tenantnet-pod-namespace"
+EXT_POD_NAME = "tenantnet-pod-name"
+EXT_POD_UID = "tenantnet-pod-uid"
+
+
+def host_ifname(container_id: str, ifname: str) -> str:
+    """`tn` + 11 hex digits: deterministic, ≤ 15 characters, one per attachment."""
+    digest = hashlib.sha256(f"{container_id}/{ifname}".encode()).hexdigest()
+    return "tn" + digest[:11]
+
+
+class OvsDriver(Driver):
+    mode = "ovs"
+
+    def plan(self, conf: TenantnetConf, env: CniEnv) -> dict[str, Any]:
+        assert conf.ovs is not None
+        return {
+            "hostIfname": host_ifname(env.container_id, env.ifname),
+            "bridge": conf.ovs.bridge,
+            "ovsdb": conf.ovs.ovsdb,
+            "vlan": conf.ovs.vlan,
+            "trunks": list(conf.ovs.trunks),
+            "mtu": conf.ovs.mtu,
+            "ofportRequest": conf.ovs.ofport_request,
+        }
+
+    def _db(self, record: AttachmentRecord) -> ovsdb.Ovsdb:
+        return ovsdb.connect(record.plan["ovsdb"] or self.node.ovsdb, self.node.ovsdb_timeout)
+
+    def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
+        plan = record.plan
+        db = self._db(record)
+        if not db.bridge_exists(plan["bridge"]):
+            raise CniError(
+                Code.INVALID_CONFIG,
+                f"invalid network config: bridge={plan['bridge']!r}: no such bridge in OVSDB "
+                f"at {db.endpoint}",
+            )
+        host = plan["hostIfname"]
+        # A link of this name can only be a leftover of a crashed ADD of this same attachment.
+        netlink.delete_host_link(host)
+        try:
+            netlink.create_veth_into_netns(
+                host, record.ifname, record.netns, mtu=plan.get("mtu"), pod_mac=conf.mac
+            )
+        except netlink.LinkExists:
+            raise CniError(
+                Code.INVALID_ENV,
+                f"invalid CNI_IFNAME={record.ifname!r}: an interface of that name already exists "
+                f"in {record.netns}",
+            ) from None
+        pod = record.pod
+        db.add_port(
+            ovsdb.PortSpec(
+                bridge=plan["bridge"],
+                name=host,
+                tag=plan.get("vlan"),
+                trunks=list(plan.get("trunks") or []),
+                mtu=plan.get("mtu"),
+                ofport_request=plan.get("ofportRequest"),
+                external_ids={
+                    EXT_NETWORK: record.network,
+                    EXT_CONTAINER: record.container_id,
+                    EXT_IFNAME: record.ifname,
+                    EXT_NETNS: record.netns,
+                    EXT_POD_NS: pod.namespace,
+                    EXT_POD_NAME: pod.name,
+                    EXT_POD_UID: pod.uid,
+                },
+            )
+        )
+        link = netlink.host_link(host)
+        return Attached(host=Interface(name=host, mac=link.mac if link else ""), pod_ifname=record.ifname)
+
+    def detach(self, record: AttachmentRecord) -> None:
+        host = record.plan.get("hostIfname") or host_ifname(record.container_id, record.ifname)
+        self._db(record).delete_port(host)
+        # Deleting the host end removes the pod end too, wherever it is.
+        netlink.delete_host_link(host)
+
+    def check(self, record: AttachmentRecord) -> list[str]:
+        plan = record.plan
+        host = plan["hostIfname"]
+        drift: list[str] = []
+        port = self._db(record).port(host)
+        if port is None:
+            return [f"OVS port {host} is missing"]
+        if port.bridge != plan["bridge"]:
+            drift.append(f"OVS port {host} is on bridge {port.bridge!r}, expected {plan['bridge']!r}")
+        if port.tag != plan.get("vlan"):
+            drift.append(f"OVS port {host} has tag {port.tag!r}, expected {plan.get('vlan')!r}")
+        if port.trunks != list(plan.get("trunks") or []):
+            drift.append(f"OVS port {host} has trunks {port.trunks}, expected {plan.get('trunks') or []}")
+        ids = port.external_ids
+        if not port.owned:
+            drift.append(f"OVS port {host} lost its ownership tag {ovsdb.OWNER_KEY}")
+        for key, want in ((EXT_CONTAINER, record.container_id), (EXT_IFNAME, record.ifname),
+                          (EXT_NETWORK, record.network)):
+            if ids.get(key) != want:
+                drift.append(f"OVS port {host} external_ids:{key}={ids.get(key)!r}, expected {want!r}")
+        if port.error:
+            drift.append(f"OVS interface {host} reports error: {port.error}")
+        link = netlink.host_link(host)
+        if link is None:
+            drift.append(f"host link {host} is missing")
+        elif not link.up:
+            drift.append(f"host link {host} is down")
+        return drift
+
+    def describe(self, record: AttachmentRecord) -> dict[str, Any]:
+        port = self._db(record).port(record.plan["hostIfname"])
+        return {
+            "bridge": port.bridge if port else None,
+            "port": record.plan["hostIfname"],
+            "tag": port.tag if port else None,
+            "trunks": port.trunks if port else [],
+            "ofport": port.ofport if port else None,
+        }
+
+    def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
+                plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
+        db = ovsdb.connect(plan_hint.get("ovsdb") or self.node.ovsdb, self.node.ovsdb_timeout)
+        found = []
+        for port in db.owned_ports():
+            ids = port.external_ids
+            if ids.get(EXT_NETWORK) != network:
+                continue
+            ident = (ids.get(EXT_CONTAINER, ""), ids.get(EXT_IFNAME, ""))
+            if ident in keep or ident in recorded:
+                continue
+            found.append(
+                AttachmentRecord(
+                    network=network, container_id=ident[0], ifname=ident[1], mode=self.mode,
+                    netns=ids.get(EXT_NETNS, ""),
+                    pod=PodRef(ids.get(EXT_POD_NS, ""), ids.get(EXT_POD_NAME, ""), ids.get(EXT_POD_UID, "")),
+                    plan={"hostIfname": port.name, "bridge": port.bridge, "ovsdb": db.endpoint},
+                )
+            )
+        return found

@@ -1,0 +1,231 @@
+"""tenantnet's own network-config fields, decoded into typed settings.
+
+Field names and meanings follow ovs-cni (`bridge`, `vlan`, `trunk`, `mtu`, `mac`,
+`ofport_request`, `interface_type`, `socket_file`, `configuration_path`, …) and sriov-cni
+(`deviceID`, `pf`, …) so that a NAD written for them works after changing only `type`.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from cni.env import CniEnv, mac_problem
+from cni.errors import CniError, Code, invalid_config
+from cni.netconf import NetConf
+from cni.result import DNS
+from tenantnet.config import NodeConfig, normalise_ovsdb_endpoint
+
+MODES = ("ovs", "sriov", "ovs-offload")
+_BRIDGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
+_IPAM_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+
+
+@dataclass(frozen=True)
+class OvsPortSettings:
+    bridge: str
+    vlan: int | None = None
+    trunks: tuple[int, ...] = ()
+    mtu: int | None = None
+    ofport_request: int | None = None
+    ovsdb: str = ""
+
+
+@dataclass(frozen=True)
+class TenantnetConf:
+    base: NetConf
+    mode: str
+    mac: str | None
+    ovs: OvsPortSettings | None
+    ipam_type: str
+    dns: DNS = field(default_factory=DNS)
+    log_file: str | None = None
+    log_level: str | None = None
+
+    @property
+    def name(self) -> str:
+        return self.base.name
+
+    @property
+    def cni_version(self) -> str:
+        return self.base.cni_version
+
+
+def _int_field(raw: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
+    if key not in raw or raw[key] is None:
+        return None
+    value = raw[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise invalid_config(key, value, f"must be an integer from {lo} to {hi}")
+    return value
+
+
+def _vlan_id(where: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 4094:
+        raise invalid_config(where, value, "must be a VLAN id, an integer from 0 to 4094")
+    return value
+
+
+def parse_trunk(value: Any) -> tuple[int, ...]:
+    """ovs-cni's `trunk`: [{"id": 10}, {"minID": 20, "maxID": 30}] -> sorted VLAN ids."""
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise invalid_config("trunk", value, 'must be a list like [{"id": 10}, {"minID": 20, "maxID": 30}]')
+    ids: set[int] = set()
+    for i, item in enumerate(value):
+        where = f"trunk[{i}]"
+        if not isinstance(item, dict) or not ({"id"} <= item.keys() or {"minID", "maxID"} <= item.keys()):
+            raise invalid_config(where, item, 'must be {"id": N} or {"minID": N, "maxID": M}')
+        if "id" in item:
+            ids.add(_vlan_id(f"{where}.id", item["id"]))
+            continue
+        lo = _vlan_id(f"{where}.minID", item["minID"])
+        hi = _vlan_id(f"{where}.maxID", item["maxID"])
+        if lo > hi:
+            raise invalid_config(where, item, f"minID {lo} is greater than maxID {hi}")
+        ids.update(range(lo, hi + 1))
+    return tuple(sorted(ids))
+
+
+def infer_mode(raw: dict[str, Any]) -> str:
+    mode = raw.get("mode")
+    if mode is not None:
+        if mode not in MODES:
+            raise invalid_config("mode", mode, f"must be one of {', '.join(MODES)}")
+        return str(mode)
+    has_bridge = bool(raw.get("bridge"))
+    names_vf = any(raw.get(k) for k in ("deviceID", "pciBusID", "pf", "pfs"))
+    if has_bridge and names_vf:
+        return "ovs-offload"
+    if names_vf:
+        return "sriov"
+    if has_bridge:
+        return "ovs"
+    raise CniError(
+        Code.INVALID_CONFIG,
+        "invalid network config: cannot infer mode: set \"mode\", or \"bridge\" for an OVS port, "
+        "or \"deviceID\"/\"pf\" for an SR-IOV VF",
+    )
+
+
+def _ovsdb_endpoint(raw: dict[str, Any], node: NodeConfig) -> str:
+    socket_file = raw.get("socket_file")
+    if socket_file is None and raw.get("configuration_path") is not None:
+        socket_file = _socket_from_configuration_path(raw["configuration_path"])
+    if socket_file is None:
+        return node.ovsdb
+    if not isinstance(socket_file, str) or normalise_ovsdb_endpoint(socket_file) is None:
+        raise invalid_config(
+            "socket_file", socket_file, "must be unix:/path, tcp:host:port, ssl:host:port or /path"
+        )
+    endpoint = normalise_ovsdb_endpoint(socket_file)
+    assert endpoint is not None
+    if endpoint.startswith("ssl:"):
+        raise CniError(
+            Code.UNSUPPORTED_FIELD,
+            f"unsupported field value: socket_file={socket_file!r}: ssl: endpoints are not "
+            "supported yet; use unix: or tcp:",
+        )
+    return endpoint
+
+
+def _socket_from_configuration_path(path: Any) -> Any:
+    """ovs-cni's flat-file override: a JSON file that may hold `socket_file`."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise invalid_config("configuration_path", path, "must be an absolute file path")
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except OSError as exc:
+        raise invalid_config("configuration_path", path, f"cannot be read: {exc.strerror}") from None
+    except ValueError:
+        raise invalid_config("configuration_path", path, "is not a JSON file") from None
+    return data.get("socket_file") if isinstance(data, dict) else None
+
+
+def _mac(conf: NetConf, env: CniEnv) -> str | None:
+    # ovs-cni's precedence: runtimeConfig.mac over CNI_ARGS MAC over the NAD's "mac".
+    for where, value in (
+        ("runtimeConfig.mac", conf.runtime("mac")),
+        ("CNI_ARGS MAC", env.args.mac or None),
+        ("mac", conf.raw.get("mac")),
+    ):
+        if value in (None, ""):
+            continue
+        if not isinstance(value, str) or mac_problem(value):
+            raise invalid_config(where, value, mac_problem(str(value)) or "must be a string")
+        return value.lower()
+    return None
+
+
+def _dns(conf: NetConf) -> DNS:
+    dns = DNS.from_dict(conf.raw.get("dns"), "dns") if conf.raw.get("dns") else DNS()
+    rt = conf.runtime("dns")
+    if isinstance(rt, dict):
+        # containerd capitalises these keys (Servers, Searches, Options).
+        from cni.netconf import ci_get
+
+        servers = ci_get(rt, "servers") or []
+        searches = ci_get(rt, "searches") or []
+        options = ci_get(rt, "options") or []
+        if servers:
+            dns.nameservers = [str(s) for s in servers]
+        if searches:
+            dns.search = [str(s) for s in searches]
+        if options:
+            dns.options = [str(s) for s in options]
+    return dns
+
+
+def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
+    raw = conf.raw
+    mode = infer_mode(raw)
+    ovs = None
+    if mode == "ovs":
+        bridge = raw.get("bridge")
+        if not isinstance(bridge, str) or not _BRIDGE_RE.match(bridge):
+            raise invalid_config(
+                "bridge", bridge,
+                "must name an OVS bridge (letters, digits, '_', '.', '-'; at most 63 characters)",
+            )
+        interface_type = raw.get("interface_type")
+        if interface_type not in (None, "", "system"):
+            raise CniError(
+                Code.UNSUPPORTED_FIELD,
+                f"unsupported field value: interface_type={interface_type!r}; "
+                "mode ovs attaches a veth pair, so only \"system\" (the default) is supported",
+            )
+        ovs = OvsPortSettings(
+            bridge=bridge,
+            vlan=_vlan_id("vlan", raw["vlan"]) if raw.get("vlan") is not None else None,
+            trunks=parse_trunk(raw.get("trunk")),
+            mtu=_int_field(raw, "mtu", 68, 65535),
+            ofport_request=_int_field(raw, "ofport_request", 1, 65279),
+            ovsdb=_ovsdb_endpoint(raw, node),
+        )
+        for key in ("link_state_check_retries", "link_state_check_interval"):
+            _int_field(raw, key, 0, 100000)  # accepted for ovs-cni compatibility; veths need no wait
+    ipam_type = ""
+    if conf.ipam:
+        ipam_type = conf.ipam.get("type", "")
+        if not isinstance(ipam_type, str) or not _IPAM_TYPE_RE.match(ipam_type):
+            raise invalid_config("ipam.type", ipam_type, "must name an IPAM plugin executable on CNI_PATH")
+    log_level = raw.get("logLevel")
+    if log_level is not None and log_level not in ("debug", "info", "warning", "error", "panic"):
+        raise invalid_config("logLevel", log_level, "must be one of debug, info, warning, error")
+    log_file = raw.get("logFile")
+    if log_file is not None and (not isinstance(log_file, str) or not log_file.startswith("/")):
+        raise invalid_config("logFile", log_file, "must be an absolute file path")
+    return TenantnetConf(
+        base=conf,
+        mode=mode,
+        mac=_mac(conf, env),
+        ovs=ovs,
+        ipam_type=ipam_type,
+        dns=_dns(conf),
+        log_file=log_file,
+        log_level="error" if log_level == "panic" else log_level,
+    )

@@ -1,0 +1,165 @@
+"""Attachment records: what we are about to do, and later what we did, per attachment.
+
+A record is written *before* the kernel or OVS is touched (phase `adding`) and completed
+afterwards (phase `ready`, with the result). DEL, CHECK and GC start from it, so a crash at
+any instant leaves enough on disk to undo everything. Files are written atomically
+(temp file, fsync, rename) with mode 0600, one per attachment:
+
+    <stateDir>/attachments/<network>/<containerID>/<ifname>.json
+
+Each path component was validated by `cni.names` before it gets here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from cni.names import container_id_problem, ifname_problem, network_name_problem
+
+PHASE_ADDING = "adding"
+PHASE_READY = "ready"
+FORMAT = 1
+
+
+@dataclass
+class PodRef:
+    namespace: str = ""
+    name: str = ""
+    uid: str = ""
+
+
+@dataclass
+class AttachmentRecord:
+    network: str
+    container_id: str
+    ifname: str
+    mode: str
+    netns: str = ""
+    phase: str = PHASE_ADDING
+    pod: PodRef = field(default_factory=PodRef)
+    # Driver-specific names fixed before anything is created (host veth, bridge, endpoint).
+    plan: dict[str, Any] = field(default_factory=dict)
+    # The network config as given (without prevResult), for IPAM DEL/GC later.
+    conf: dict[str, Any] = field(default_factory=dict)
+    result: dict[str, Any] | None = None  # in CNI 1.1.0 form
+    created: float = field(default_factory=time.time)
+    updated: float = field(default_factory=time.time)
+
+    @property
+    def key(self) -> tuple[str, str, str]:
+        return (self.network, self.container_id, self.ifname)
+
+    def to_json(self) -> str:
+        return json.dumps({"format": FORMAT, **asdict(self)}, indent=1, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> AttachmentRecord:
+        data = json.loads(text)
+        data.pop("format", None)
+        data["pod"] = PodRef(**data.get("pod") or {})
+        return cls(**data)
+
+
+class CorruptRecord(Exception):
+    pass
+
+
+class RecordStore:
+    def __init__(self, state_dir: str) -> None:
+        self.root = os.path.join(state_dir, "attachments")
+
+    def path(self, network: str, container_id: str, ifname: str) -> str:
+        # Defence in depth: the entry points validated these already.
+        for value, problem in (
+            (network, network_name_problem),
+            (container_id, container_id_problem),
+            (ifname, ifname_problem),
+        ):
+            if problem(value):
+                raise ValueError(f"unsafe name for a record path: {value!r}")
+        return os.path.join(self.root, network, container_id, ifname + ".json")
+
+    def load(self, network: str, container_id: str, ifname: str) -> AttachmentRecord | None:
+        path = self.path(network, container_id, ifname)
+        try:
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+        except FileNotFoundError:
+            return None
+        try:
+            return AttachmentRecord.from_json(text)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise CorruptRecord(f"attachment record {path} is unreadable: {exc}") from None
+
+    def save(self, record: AttachmentRecord) -> None:
+        record.updated = time.time()
+        path = self.path(*record.key)
+        directory = os.path.dirname(path)
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        tmp = f"{path}.tmp.{os.getpid()}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as fh:
+                fh.write(record.to_json())
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def remove(self, network: str, container_id: str, ifname: str) -> None:
+        path = self.path(network, container_id, ifname)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        # Drop the now-empty container and network directories (best effort).
+        for directory in (os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break
+
+    def list(self, network: str | None = None) -> Iterator[AttachmentRecord | CorruptRecord]:
+        """Every record (or the problem reading it) — of one network, or all."""
+        try:
+            networks = [network] if network else sorted(os.listdir(self.root))
+        except FileNotFoundError:
+            return
+        for net in networks:
+            net_dir = os.path.join(self.root, net)
+            try:
+                containers = sorted(os.listdir(net_dir))
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            for cid in containers:
+                cdir = os.path.join(net_dir, cid)
+                try:
+                    files = sorted(os.listdir(cdir))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                for name in files:
+                    if not name.endswith(".json"):
+                        continue
+                    path = os.path.join(cdir, name)
+                    try:
+                        with open(path, encoding="utf-8") as fh:
+                            yield AttachmentRecord.from_json(fh.read())
+                    except FileNotFoundError:
+                        continue
+                    except (ValueError, TypeError, KeyError) as exc:
+                        yield CorruptRecord(f"attachment record {path} is unreadable: {exc}")
