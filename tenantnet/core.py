@@ -39,6 +39,10 @@ from tenantnet.system.netns import NamespaceNotFound, netns_exists
 
 RECORD_VERSION = "1.1.0"  # results are kept in the newest shape and converted on output
 FAULT_ENV = "TENANTNET_TEST_FAULT"
+STEP_IPAM = "ipam"
+# IPAM errors that say "this config is not acceptable" rather than "try again".
+_IPAM_REFUSED_CONFIG = {Code.INCOMPATIBLE_VERSION, Code.UNSUPPORTED_FIELD, Code.DECODE_FAILURE,
+                        Code.INVALID_CONFIG}
 
 
 def _fault(point: str) -> None:
@@ -101,12 +105,15 @@ class Plugin:
         self.records.save(record)  # intent first: from here on a crash is recoverable
         _fault("after-record")
         started = time.perf_counter()
+        record.progress = set()
         try:
             attached = driver.attach(record, tconf)
             _fault("after-attach")
             ipam_result = Result()
             if tconf.ipam_type:
                 got = ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "ADD"), conf.raw)
+                # A failed IPAM ADD allocated nothing (the spec makes the plugin clean up).
+                record.progress.add(STEP_IPAM)
                 ipam_result = got or Result()
             _fault("after-ipam")
             pod_state = netlink.configure_pod_interface(
@@ -179,13 +186,23 @@ class Plugin:
                   *, cni_path: tuple[str, ...] = ()) -> None:
         """IPAM release, driver detach, record removal — each step idempotent."""
         ipam_conf = record.conf.get("ipam")
-        if isinstance(ipam_conf, dict) and ipam_conf.get("type"):
+        ipam_done = record.progress is None or STEP_IPAM in record.progress
+        if ipam_done and isinstance(ipam_conf, dict) and ipam_conf.get("type"):
             call = ipam_client.IpamCall(
                 command="DEL", container_id=record.container_id, ifname=record.ifname,
                 netns="", cni_args=record.plan.get("cniArgs", ""),
                 cni_path=env.path if env is not None else cni_path,
             )
-            ipam_client.run(ipam_conf["type"], call, record.conf)
+            try:
+                ipam_client.run(ipam_conf["type"], call, record.conf)
+            except CniError as err:
+                if err.code not in _IPAM_REFUSED_CONFIG:
+                    raise  # transient: keep the record so a later DEL or GC retries
+                # The IPAM plugin rejects this config outright, so it cannot hold an
+                # address for it either; refusing DEL forever would only leak the rest.
+                self.log.warning("del.ipam_refused_config", network=record.network,
+                                 container_id=record.container_id, ifname=record.ifname,
+                                 code=err.code, error=err.msg)
         driver.detach(record)
         try:
             self.records.remove(*record.key)

@@ -47,6 +47,9 @@ class AttachmentRecord:
     # The network config as given (without prevResult), for IPAM DEL/GC later.
     conf: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] | None = None  # in CNI 1.1.0 form
+    # Steps of ADD known to be done, kept only in memory during one ADD so that its
+    # rollback undoes exactly those. None (as read from disk) means "unknown: undo all".
+    progress: set[str] | None = field(default=None, compare=False)
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
 
@@ -55,12 +58,15 @@ class AttachmentRecord:
         return (self.network, self.container_id, self.ifname)
 
     def to_json(self) -> str:
-        return json.dumps({"format": FORMAT, **asdict(self)}, indent=1, sort_keys=True)
+        data = asdict(self)
+        data.pop("progress")
+        return json.dumps({"format": FORMAT, **data}, indent=1, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> AttachmentRecord:
         data = json.loads(text)
         data.pop("format", None)
+        data.pop("progress", None)
         data["pod"] = PodRef(**data.get("pod") or {})
         return cls(**data)
 

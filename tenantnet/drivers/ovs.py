@@ -24,6 +24,13 @@ EXT_NETNS = "tenantnet-netns"
 EXT_POD_NS = "tenantnet-pod-namespace"
 EXT_POD_NAME = "tenantnet-pod-name"
 EXT_POD_UID = "tenantnet-pod-uid"
+STEP_VETH = "veth"
+STEP_PORT = "port"
+
+
+def _done(record: AttachmentRecord, step: str) -> None:
+    if record.progress is not None:
+        record.progress.add(step)
 
 
 def host_ifname(container_id: str, ifname: str) -> str:
@@ -62,6 +69,7 @@ class OvsDriver(Driver):
         host = plan["hostIfname"]
         # A link of this name can only be a leftover of a crashed ADD of this same attachment.
         netlink.delete_host_link(host)
+        _done(record, STEP_VETH)
         try:
             netlink.create_veth_into_netns(
                 host, record.ifname, record.netns, mtu=plan.get("mtu"), pod_mac=conf.mac
@@ -73,6 +81,7 @@ class OvsDriver(Driver):
                 f"in {record.netns}",
             ) from None
         pod = record.pod
+        _done(record, STEP_PORT)  # before the transaction: it may commit and still report failure
         db.add_port(
             ovsdb.PortSpec(
                 bridge=plan["bridge"],
@@ -97,9 +106,12 @@ class OvsDriver(Driver):
 
     def detach(self, record: AttachmentRecord) -> None:
         host = record.plan.get("hostIfname") or host_ifname(record.container_id, record.ifname)
-        self._db(record).delete_port(host)
-        # Deleting the host end removes the pod end too, wherever it is.
-        netlink.delete_host_link(host)
+        done = record.progress
+        if done is None or STEP_PORT in done:
+            self._db(record).delete_port(host)
+        if done is None or STEP_VETH in done:
+            # Deleting the host end removes the pod end too, wherever it is.
+            netlink.delete_host_link(host)
 
     def check(self, record: AttachmentRecord) -> list[str]:
         plan = record.plan

