@@ -106,11 +106,18 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE) -> LabInfo:
         return current
     if os.path.exists(root):
         down(root)  # a half-made or crashed lab: start clean
+    if os.path.exists("/sys/class/net/ovs-netdev"):
+        # Every userspace-datapath ovs-vswitchd uses this one tap device; two of them on
+        # one kernel break each other's forwarding (seen: same-VLAN pings fail).
+        raise LabError(
+            "another Open vSwitch with a userspace datapath is active on this machine "
+            "(link ovs-netdev exists): run `tenantnetctl lab down --dir DIR` for the other lab; "
+            "if no ovs-vswitchd is running, the link is stale: `ip link delete ovs-netdev`"
+        )
     os.makedirs(root, mode=0o700)
     os.makedirs(p["pods"], mode=0o700)
-    # The userspace datapath's tap device is always called ovs-netdev and survives
-    # ovs-vswitchd; we remove it on `down` only if we are the ones who created it.
-    owns_dp_tap = not os.path.exists("/sys/class/net/ovs-netdev")
+    # The userspace datapath's tap device survives ovs-vswitchd; `down` removes it.
+    owns_dp_tap = True
     with open(p["meta"], "w") as fh:
         json.dump({"bridge": bridge, "created": time.time(), "ownsDatapathTap": owns_dp_tap}, fh)
     try:

@@ -129,10 +129,19 @@ class RecordStore:
 
     def remove(self, network: str, container_id: str, ifname: str) -> None:
         path = self.path(network, container_id, ifname)
+        directory = os.path.dirname(path)
+        stale_tmp = []
         try:
-            os.unlink(path)
+            # A temp file of a writer killed between create and rename.
+            prefix = os.path.basename(path) + ".tmp."
+            stale_tmp = [n for n in os.listdir(directory) if n.startswith(prefix)]
         except FileNotFoundError:
             pass
+        for name in [os.path.basename(path)] + stale_tmp:
+            try:
+                os.unlink(os.path.join(directory, name))
+            except FileNotFoundError:
+                pass
         # Drop the now-empty container and network directories (best effort).
         for directory in (os.path.dirname(path), os.path.dirname(os.path.dirname(path))):
             try:

@@ -210,16 +210,21 @@ def test_next_address_from_any_state(tmp_path_factory: Any, raw: dict[str, Any],
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    used=st.sets(st.integers(0, 1023), max_size=700),
+    used=st.one_of(
+        st.sets(st.integers(0, 1023), max_size=700),
+        # nearly full: whole blocks fill up, so the superblock skip is exercised
+        st.sets(st.integers(0, 1023), max_size=6).map(lambda free: set(range(1024)) - free),
+    ),
     lo=st.integers(0, 1023),
     width=st.integers(0, 1023),
 )
 def test_first_free_is_the_lowest_unheld_address(tmp_path_factory: Any, used: set[int], lo: int,
                                                  width: int) -> None:
-    """The block-bitmap search agrees with a scan, across block boundaries, for v4 and v6."""
+    """The bitmap search agrees with a scan, across block and superblock boundaries, for v4
+    and v6."""
     store = SqliteStore(str(tmp_path_factory.mktemp("f")))
-    base4 = int(ipaddress.ip_address("10.0.0.0"))
-    base6 = int(ipaddress.ip_address("fd00::ff00"))  # 0xff00: the blocks are not 256-aligned
+    base4 = int(ipaddress.ip_address("10.0.255.0"))  # crosses into the superblock 10.1/16
+    base6 = int(ipaddress.ip_address("fd00::fe80"))  # not even block-aligned
     hi = min(lo + width, 1023)
     try:
         with store.transaction() as txn:

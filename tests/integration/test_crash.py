@@ -1,0 +1,64 @@
+"""A plugin process SIGKILLed in the middle of ADD, then DEL or GC: nothing is left behind."""
+
+from __future__ import annotations
+
+import json
+import random
+import signal
+import subprocess
+import time
+
+import pytest
+
+from tests.integration.conftest import PLUGIN, new_cid
+
+POINTS = ["after-record", "after-attach", "after-ipam"]
+
+
+def all_state_files(lab):
+    root = lab.state_dir / "attachments"
+    return [p for p in root.rglob("*") if p.is_file()] if root.exists() else []
+
+
+@pytest.mark.parametrize("point", POINTS)
+@pytest.mark.parametrize("cleanup", ["DEL", "DEL-no-netns", "GC"])
+def test_sigkill_at_named_point(lab, plugin, netns_factory, no_leftovers, point, cleanup):
+    ns = netns_factory()
+    cid = new_cid()
+    conf = plugin.conf()
+    plugin.extra_env["TENANTNET_TEST_FAULT"] = point
+    inv = plugin.add(conf, ns, cid)
+    plugin.extra_env.clear()
+    assert inv.code == -signal.SIGKILL and inv.stdout == ""
+    assert len(lab.records()) == 1  # the intent was on disk before anything else
+    if cleanup == "GC":
+        gc = {**conf, "cniVersion": "1.1.0", "cni.dev/valid-attachments": []}
+        out = plugin.raw(plugin.env("GC", netns=None, cni_args=""), json.dumps(gc))
+    else:
+        out = plugin.call("DEL", conf, cid, ns.path if cleanup == "DEL" else "")
+    assert out.code == 0, out.stdout
+    assert all_state_files(lab) == []
+    assert ns.run("ip", "link", "show", "net1").returncode != 0
+
+
+def test_sigkill_at_random_instants(lab, plugin, netns_factory, no_leftovers):
+    rng = random.Random(1234)
+    conf = plugin.conf()
+    for _ in range(8):
+        ns = netns_factory()
+        cid = new_cid()
+        env = plugin.env("ADD", cid, ns.path, "net1")
+        proc = subprocess.Popen([PLUGIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, env=env)
+        assert proc.stdin is not None
+        proc.stdin.write(json.dumps(conf).encode())
+        proc.stdin.close()
+        time.sleep(rng.uniform(0.05, 0.9))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        proc.stdout.close()  # type: ignore[union-attr]
+        proc.stderr.close()  # type: ignore[union-attr]
+        out = plugin.call("DEL", conf, cid, "")
+        assert out.code == 0, out.stdout
+        assert all_state_files(lab) == []
+        assert ns.run("ip", "link", "show", "net1").returncode != 0
