@@ -1,0 +1,112 @@
+"""Node config loading and the attachment record store."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+
+import pytest
+
+from cni.errors import CniError
+from tenantnet import config
+from tenantnet.records import AttachmentRecord, CorruptRecord, PodRef, RecordStore
+
+
+def test_missing_node_config_means_defaults(tmp_path):
+    node = config.load(str(tmp_path / "absent.yaml"))
+    assert node.ovsdb == "unix:/var/run/openvswitch/db.sock" and node.state_dir == "/var/lib/tenantnet"
+
+
+def test_node_config_values(tmp_path):
+    p = tmp_path / "n.yaml"
+    p.write_text("ovsdb: /run/x/db.sock\nstateDir: /srv/tn\nlogFile: /srv/tn.log\nlogLevel: debug\n"
+                 "ovsdbTimeout: 2\n")
+    node = config.load(str(p))
+    assert (node.ovsdb, node.state_dir, node.log_level, node.ovsdb_timeout) == \
+        ("unix:/run/x/db.sock", "/srv/tn", "debug", 2.0)
+
+
+def test_node_config_from_environment(tmp_path, monkeypatch):
+    p = tmp_path / "n.yaml"
+    p.write_text("stateDir: /srv/elsewhere\n")
+    monkeypatch.setenv("TENANTNET_CONFIG", str(p))
+    assert config.load().state_dir == "/srv/elsewhere"
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("ovsdb: [1]\n", "ovsdb=[1]"),
+    ("ovsdb: ftp:x\n", "ovsdb='ftp:x'"),
+    ("stateDir: relative\n", "stateDir='relative'"),
+    ("logLevel: chatty\n", "logLevel='chatty'"),
+    ("ovsdbTimeout: 0\n", "ovsdbTimeout=0"),
+    ("statedir: /x\n", "unknown key 'statedir'"),
+    ("- a list\n", "must be a YAML mapping"),
+    ("a: [unclosed\n", "not valid YAML"),
+])
+def test_invalid_node_config_names_file_and_key(tmp_path, text, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(CniError) as err:
+        config.load(str(p))
+    assert err.value.code == 7 and str(p) in err.value.msg and needle in err.value.msg
+
+
+def record(**kw):
+    base = dict(network="net-a", container_id="c" * 64, ifname="net1", mode="ovs", netns="/run/netns/p",
+                pod=PodRef("ns", "pod", "uid"), plan={"hostIfname": "tnx"}, conf={"name": "net-a"})
+    base.update(kw)
+    return AttachmentRecord(**base)
+
+
+def test_record_roundtrip_mode_0600(tmp_path):
+    store = RecordStore(str(tmp_path))
+    rec = record()
+    store.save(rec)
+    path = store.path(*rec.key)
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    loaded = store.load(*rec.key)
+    assert loaded == rec and loaded.progress is None
+    assert list(store.list()) == [rec]
+    store.remove(*rec.key)
+    assert store.load(*rec.key) is None
+    assert not (tmp_path / "attachments" / "net-a").exists()  # empty dirs removed too
+
+
+def test_progress_is_never_persisted(tmp_path):
+    store = RecordStore(str(tmp_path))
+    rec = record()
+    rec.progress = {"veth"}
+    store.save(rec)
+    assert "progress" not in json.loads(open(store.path(*rec.key)).read())
+
+
+def test_remove_clears_a_killed_writers_temp_file(tmp_path):
+    store = RecordStore(str(tmp_path))
+    rec = record()
+    store.save(rec)
+    stale = store.path(*rec.key) + ".tmp.4242"
+    open(stale, "w").write("{half")
+    store.remove(*rec.key)
+    assert not os.path.exists(stale)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("network", "../x"), ("container_id", "a/b"), ("ifname", ".."), ("ifname", "x" * 16),
+])
+def test_unsafe_names_never_become_paths(tmp_path, field, value):
+    with pytest.raises(ValueError):
+        RecordStore(str(tmp_path)).path(**{"network": "n", "container_id": "c", "ifname": "i", field: value})
+
+
+def test_corrupt_record_is_reported_not_fatal(tmp_path):
+    store = RecordStore(str(tmp_path))
+    good = record(container_id="good")
+    store.save(good)
+    bad = store.path("net-a", "bad", "net1")
+    os.makedirs(os.path.dirname(bad))
+    open(bad, "w").write("{not json")
+    items = list(store.list("net-a"))
+    assert good in items and any(isinstance(i, CorruptRecord) for i in items)
+    with pytest.raises(CorruptRecord):
+        store.load("net-a", "bad", "net1")

@@ -1,0 +1,131 @@
+"""Network config decoding: the shared CNI part and tenantnet's own fields."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from cni.env import parse_env
+from cni.errors import CniError
+from cni.netconf import ci_get, decode_json, parse_netconf, valid_attachments
+from tenantnet import netconf as tn
+from tenantnet.config import NodeConfig
+
+ENV = parse_env({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/x",
+                 "CNI_IFNAME": "net1", "CNI_ARGS": "IgnoreUnknown=1;MAC=02:00:00:00:00:02"})
+
+
+def conf(**kw):
+    base = {"cniVersion": "1.0.0", "name": "n1", "type": "tenantnet", "bridge": "br0"}
+    base.update(kw)
+    return parse_netconf({k: v for k, v in base.items() if v is not None})
+
+
+def test_unknown_keys_ignored_and_args_cni_read():
+    c = conf(somethingNew={"x": 1}, args={"cni": {"ips": ["10.0.0.2/24"]}})
+    assert c.args_cni == {"ips": ["10.0.0.2/24"]}
+
+
+def test_runtime_config_case_insensitive():
+    c = conf(runtimeConfig={"Mac": "02:00:00:00:00:01", "portMappings": [{"ContainerPort": 80}]})
+    assert c.runtime("mac") == "02:00:00:00:00:01"
+    assert ci_get(c.runtime("portmappings")[0], "containerPort") == 80
+
+
+def test_decode_errors():
+    with pytest.raises(CniError) as err:
+        decode_json(b"\xff\xfe")
+    assert err.value.code == 6
+    with pytest.raises(CniError) as err:
+        decode_json("null")
+    assert err.value.code == 6 and "NoneType" in err.value.msg
+
+
+def test_valid_attachments_both_keys():
+    assert valid_attachments({"cni.dev/valid-attachments": [{"containerID": "a", "ifname": "n"}]}) == {("a", "n")}
+    assert valid_attachments({"cni.dev/attachments": [{"containerID": "b", "ifname": "m"}]}) == {("b", "m")}
+    assert valid_attachments({}) == set()
+    with pytest.raises(CniError):
+        valid_attachments({"cni.dev/valid-attachments": [{"ifname": "x"}]})
+
+
+@pytest.mark.parametrize("raw,mode", [
+    ({"bridge": "br0"}, "ovs"),
+    ({"bridge": None, "deviceID": "0000:03:00.2"}, "sriov"),
+    ({"bridge": None, "pciBusID": "0000:03:00.2"}, "sriov"),
+    ({"bridge": None, "pf": "ens1f0"}, "sriov"),
+    ({"bridge": "br0", "deviceID": "0000:03:00.2"}, "ovs-offload"),
+    ({"mode": "ovs"}, "ovs"),
+])
+def test_mode_inference(raw, mode):
+    base = {"bridge": "br0", **raw}
+    assert tn.infer_mode({k: v for k, v in base.items() if v is not None}) == mode
+
+
+def test_ovs_fields_with_ovs_cni_meaning():
+    t = tn.parse(conf(vlan=0, trunk=[{"id": 7}, {"minID": 10, "maxID": 12}, {"id": 11}], mtu=9000,
+                      ofport_request=20, socket_file="/run/ovs/db.sock"), ENV, NodeConfig())
+    assert t.mode == "ovs" and t.ovs is not None
+    assert t.ovs.vlan == 0 and t.ovs.trunks == (7, 10, 11, 12)
+    assert t.ovs.mtu == 9000 and t.ovs.ofport_request == 20
+    assert t.ovs.ovsdb == "unix:/run/ovs/db.sock"
+
+
+def test_ovsdb_endpoint_defaults_to_node_config(tmp_path):
+    node = NodeConfig(ovsdb="tcp:127.0.0.1:6640")
+    assert tn.parse(conf(), ENV, node).ovs.ovsdb == "tcp:127.0.0.1:6640"
+    flat = tmp_path / "ovs.json"
+    flat.write_text(json.dumps({"socket_file": "unix:/elsewhere.sock"}))
+    assert tn.parse(conf(configuration_path=str(flat)), ENV, node).ovs.ovsdb == "unix:/elsewhere.sock"
+
+
+def test_mac_precedence_runtime_then_cni_args_then_conf():
+    assert tn.parse(conf(mac="02:00:00:00:00:03"), ENV, NodeConfig()).mac == "02:00:00:00:00:02"
+    c = conf(mac="02:00:00:00:00:03", runtimeConfig={"mac": "02:00:00:00:00:01"})
+    assert tn.parse(c, ENV, NodeConfig()).mac == "02:00:00:00:00:01"
+    plain = parse_env({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/x", "CNI_IFNAME": "e"})
+    assert tn.parse(conf(mac="02:00:00:00:00:03"), plain, NodeConfig()).mac == "02:00:00:00:00:03"
+
+
+@pytest.mark.parametrize("kw,code,needle", [
+    ({"vlan": 4095}, 7, "vlan=4095"),
+    ({"vlan": True}, 7, "vlan=True"),
+    ({"trunk": [{"minID": 5}]}, 7, "trunk[0]"),
+    ({"trunk": [{"minID": 5, "maxID": 4095}]}, 7, "trunk[0].maxID=4095"),
+    ({"mtu": 70000}, 7, "mtu=70000"),
+    ({"ofport_request": 65280}, 7, "ofport_request=65280"),
+    ({"bridge": ""}, 7, "cannot infer mode"),
+    ({"bridge": "x" * 64}, 7, "bridge="),
+    ({"interface_type": "internal"}, 2, "interface_type='internal'"),
+    ({"socket_file": "tcp:host"}, 7, "socket_file='tcp:host'"),
+    ({"configuration_path": "relative.json"}, 7, "configuration_path"),
+    ({"configuration_path": "/nonexistent/ovs.json"}, 7, "cannot be read"),
+    ({"link_state_check_retries": -1}, 7, "link_state_check_retries=-1"),
+    ({"logLevel": "loud"}, 7, "logLevel='loud'"),
+    ({"mode": "ovs-offload"}, None, None),
+])
+def test_bad_ovs_fields(kw, code, needle):
+    if code is None:  # a valid mode name; the driver registry refuses it later
+        assert tn.parse(conf(**kw), ENV, NodeConfig()).mode == "ovs-offload"
+        return
+    with pytest.raises(CniError) as err:
+        tn.parse(conf(**kw), ENV, NodeConfig())
+    assert err.value.code == code and needle in err.value.msg
+
+
+def test_unimplemented_modes_name_what_is_available():
+    from tenantnet.drivers.base import for_mode
+
+    for mode in ("sriov", "ovs-offload"):
+        with pytest.raises(CniError) as err:
+            for_mode(mode, NodeConfig())
+        assert err.value.code == 2 and "available modes: ovs" in err.value.msg
+
+
+def test_host_ifname_is_deterministic_and_short():
+    from tenantnet.drivers.ovs import host_ifname
+
+    a = host_ifname("c" * 64, "net1")
+    assert a == host_ifname("c" * 64, "net1") and len(a) <= 15 and a.startswith("tn")
+    assert a != host_ifname("c" * 64, "net2") and a != host_ifname("d" * 64, "net1")
