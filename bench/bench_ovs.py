@@ -1,0 +1,127 @@
+"""ADD/DEL latency per attachment: tenantnet mode `ovs` beside Debian's Go `bridge` +
+`host-local`, measured in the same run on this machine.
+
+Both plugins are exec'd exactly as a runtime would (env + stdin), one attachment at a time,
+interleaved so that machine noise hits both alike; netns creation is outside the timing.
+tenantnet attaches to the lab's userspace OVS; the Go bridge plugin to a Linux bridge it
+creates. Both get their address from the same Go host-local.
+
+    .venv/bin/python bench/bench_ovs.py [--count 40] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from tenantnet import lab  # noqa: E402
+
+PLUGIN = str(Path(sys.executable).parent / "tenantnet")
+GO_BRIDGE = "/usr/lib/cni/bridge"
+MARK_BEGIN = "<!-- bench_ovs:begin -->"
+MARK_END = "<!-- bench_ovs:end -->"
+
+
+def run(cmd: str, env: dict[str, str], conf: dict) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run([cmd], input=json.dumps(conf).encode(), env=env, capture_output=True, check=False)
+    elapsed = (time.perf_counter() - start) * 1000
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd} {env['CNI_COMMAND']} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
+    return elapsed
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {
+        "median": statistics.median(ordered),
+        "p90": ordered[int(0.9 * (len(ordered) - 1))],
+        "min": ordered[0],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=40, help="attachments per plugin (default 40)")
+    ap.add_argument("--out", help="markdown file to update between the bench_ovs markers")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="tn-bench-"))
+    info = lab.up(str(work / "lab"))
+    hostlocal = work / "host-local"
+    base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "CNI_PATH": f"{Path(sys.executable).parent}:/usr/lib/cni",
+                "TENANTNET_CONFIG": info.node_config, "CNI_IFNAME": "net1",
+                "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p"}
+    ipam = {"type": "host-local", "ranges": [[{"subnet": "10.201.0.0/16"}]], "dataDir": str(hostlocal)}
+    ours = {"cniVersion": "1.0.0", "name": "bench-ovs", "type": "tenantnet", "bridge": info.bridge,
+            "vlan": 100, "ipam": ipam}
+    go = {"cniVersion": "1.0.0", "name": "bench-go", "type": "bridge", "bridge": "tnbench0",
+          "ipam": {**ipam, "ranges": [[{"subnet": "10.202.0.0/16"}]]}}
+    times: dict[str, list[float]] = {"ours-add": [], "ours-del": [], "go-add": [], "go-del": []}
+    netns: list[str] = []
+    try:
+        for i in range(args.count):
+            for who, cmd, conf in (("ours", PLUGIN, ours), ("go", GO_BRIDGE, go)):
+                name = f"tnb-{uuid.uuid4().hex[:8]}"
+                subprocess.run(["ip", "netns", "add", name], check=True)
+                netns.append(name)
+                env = {**base_env, "CNI_CONTAINERID": uuid.uuid4().hex, "CNI_NETNS": f"/run/netns/{name}"}
+                times[f"{who}-add"].append(run(cmd, {**env, "CNI_COMMAND": "ADD"}, conf))
+                times[f"{who}-del"].append(run(cmd, {**env, "CNI_COMMAND": "DEL"}, conf))
+                subprocess.run(["ip", "netns", "delete", name], check=True)
+                netns.remove(name)
+            print(f"\r{i + 1}/{args.count}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+    finally:
+        for name in netns:
+            subprocess.run(["ip", "netns", "delete", name], check=False)
+        subprocess.run(["ip", "link", "delete", "tnbench0"], capture_output=True, check=False)
+        lab.down(info.root)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+
+    s = {k: summary(v) for k, v in times.items()}
+    rows = [
+        ("ADD", s["ours-add"], s["go-add"]),
+        ("DEL", s["ours-del"], s["go-del"]),
+    ]
+    lines = [
+        MARK_BEGIN,
+        f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores, Linux {platform.release()}, "
+        f"Python {platform.python_version()}; {args.count} attachments per plugin, interleaved; "
+        "each figure is the wall time of one exec of the plugin (ms).",
+        "",
+        "| verb | tenantnet `ovs` median | p90 | Go `bridge`+`host-local` median | p90 | ratio (median) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for verb, mine, ref in rows:
+        lines.append(f"| {verb} | {mine['median']:.1f} | {mine['p90']:.1f} | {ref['median']:.1f} | "
+                     f"{ref['p90']:.1f} | {mine['median'] / ref['median']:.2f}× |")
+    lines.append(MARK_END)
+    block = "\n".join(lines)
+    print(block)
+    if args.out:
+        path = Path(args.out)
+        text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+        if MARK_BEGIN in text and MARK_END in text:
+            head, rest = text.split(MARK_BEGIN, 1)
+            text = head + block + rest.split(MARK_END, 1)[1]
+        else:
+            text = text.rstrip() + "\n\n" + block + "\n"
+        path.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
