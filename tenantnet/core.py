@@ -89,7 +89,11 @@ class Plugin:
                               ifname=env.ifname)
                 return Result.from_dict(existing.result).to_dict(conf.cni_version)
             # A half-made or stale attachment under the same key: undo it first.
-            self._teardown(existing, env, driver)
+            try:
+                self._teardown(existing, env, drivers.for_mode(existing.mode, self.node))
+            except BaseException as exc:
+                raise system_error(exc, f"undoing the earlier attempt of ADD {env.container_id}/"
+                                        f"{env.ifname} on network {conf.name}") from None
 
         record = AttachmentRecord(
             network=conf.name,
@@ -102,7 +106,11 @@ class Plugin:
             conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
         )
         record.plan["cniArgs"] = ipam_client.call_for(env).cni_args
-        self.records.save(record)  # intent first: from here on a crash is recoverable
+        try:
+            self.records.save(record)  # intent first: from here on a crash is recoverable
+        except OSError as exc:
+            raise CniError(Code.IO_FAILURE, f"cannot write the attachment record under "
+                                            f"{self.records.root}: {exc.strerror or exc}") from None
         _fault("after-record")
         started = time.perf_counter()
         record.progress = set()
@@ -330,6 +338,9 @@ class Plugin:
         except CorruptRecord as exc:
             self.log.error("record.corrupt", error=str(exc))
             return None
+        except OSError as exc:
+            raise CniError(Code.IO_FAILURE, f"cannot read attachment records under "
+                                            f"{self.records.root}: {exc.strerror or exc}") from None
 
 
 def _gc_env(env: CniEnv) -> CniEnv:

@@ -227,3 +227,15 @@ def test_ipam_refusing_the_version_rolls_back_cleanly(lab, plugin, netns_factory
     inv = plugin.add(plugin.conf(cniVersion="1.1.0"), ns)  # host-local 1.1.1 refuses 1.1.0
     assert inv.out["code"] == 1 and "IPAM plugin host-local ADD failed" in inv.out["msg"]
     assert pod_link(ns) is None
+
+
+def test_unwritable_state_dir_is_io_failure_and_touches_nothing(lab, plugin, netns_factory, tmp_path):
+    blocked = tmp_path / "state-is-a-file"
+    blocked.write_text("not a directory")
+    node = tmp_path / "node.yaml"
+    node.write_text(f"ovsdb: {lab.ovsdb}\nstateDir: {blocked}\nlogFile: {tmp_path}/log\n")
+    plugin.extra_env["TENANTNET_CONFIG"] = str(node)
+    ns = netns_factory()
+    inv = plugin.add(plugin.conf(), ns)
+    assert inv.out["code"] == 5 and str(blocked) in inv.out["msg"]
+    assert pod_link(ns) is None and lab.owned_ports() == []
