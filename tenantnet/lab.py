@@ -1,7 +1,7 @@
 """The lab: a whole node on one machine, with no special hardware.
 
 `up` starts a private Open vSwitch — `ovsdb-server` and `ovs-vswitchd` from the distro,
-userspace (`netdev`) datapath, everything in one run directory, never the system OVS —
+userspace datapath (see DATAPATH), everything in one run directory, never the system OVS —
 creates a bridge, and writes a node config that points tenantnet at it. `down` removes
 every trace: pod namespaces made by the harness, leftover links of ours, both daemons
 (stopped by their own pid files), the directory.
@@ -21,6 +21,11 @@ from typing import Any
 DEFAULT_ROOT = "/run/tenantnet-lab"
 DEFAULT_BRIDGE = "br-lab"
 SCHEMA = "/usr/share/openvswitch/vswitch.ovsschema"
+# The userspace datapath (dpif-netdev) under the type name that `--enable-dummy` registers.
+# Same forwarding code as `netdev`, real veth ports, real VLAN tags and datapath flows —
+# but no kernel tap devices: `netdev` creates one tap called `ovs-netdev` per kernel, so two
+# labs (or a lab beside a userspace system OVS) would break each other's forwarding.
+DATAPATH = "dummy"
 
 
 class LabError(Exception):
@@ -106,20 +111,10 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE) -> LabInfo:
         return current
     if os.path.exists(root):
         down(root)  # a half-made or crashed lab: start clean
-    if os.path.exists("/sys/class/net/ovs-netdev"):
-        # Every userspace-datapath ovs-vswitchd uses this one tap device; two of them on
-        # one kernel break each other's forwarding (seen: same-VLAN pings fail).
-        raise LabError(
-            "another Open vSwitch with a userspace datapath is active on this machine "
-            "(link ovs-netdev exists): run `tenantnetctl lab down --dir DIR` for the other lab; "
-            "if no ovs-vswitchd is running, the link is stale: `ip link delete ovs-netdev`"
-        )
     os.makedirs(root, mode=0o700)
     os.makedirs(p["pods"], mode=0o700)
-    # The userspace datapath's tap device survives ovs-vswitchd; `down` removes it.
-    owns_dp_tap = True
     with open(p["meta"], "w") as fh:
-        json.dump({"bridge": bridge, "created": time.time(), "ownsDatapathTap": owns_dp_tap}, fh)
+        json.dump({"bridge": bridge, "created": time.time()}, fh)
     try:
         _run(["ovsdb-tool", "create", p["db"], SCHEMA], root, "creating the lab OVS database")
         _run(["ovsdb-server", p["db"], f"--remote=punix:{p['sock']}",
@@ -129,8 +124,8 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE) -> LabInfo:
         vsctl(root, "--no-wait", "init")
         _run(["ovs-vswitchd", f"unix:{p['sock']}", f"--pidfile={root}/ovs-vswitchd.pid",
               f"--unixctl={root}/ovs-vswitchd.ctl", f"--log-file={root}/ovs-vswitchd.log",
-              "--detach", "--no-chdir"], root, "starting ovs-vswitchd")
-        vsctl(root, "add-br", bridge, "--", "set", "Bridge", bridge, "datapath_type=netdev",
+              "--enable-dummy", "--detach", "--no-chdir"], root, "starting ovs-vswitchd")
+        vsctl(root, "add-br", bridge, "--", "set", "Bridge", bridge, f"datapath_type={DATAPATH}",
               "external_ids:tenantnet-lab=true")
     except LabError:
         down(root)
@@ -182,11 +177,6 @@ def down(root: str = DEFAULT_ROOT) -> list[str]:
     """Remove the lab; returns what was cleaned up (for the operator to see)."""
     removed: list[str] = []
     p = _paths(root)
-    try:
-        with open(p["meta"]) as fh:
-            owns_dp_tap = bool(json.load(fh).get("ownsDatapathTap"))
-    except (OSError, ValueError):
-        owns_dp_tap = False
     for pod in sorted(os.listdir(p["pods"])) if os.path.isdir(p["pods"]) else []:
         if os.path.exists(f"/run/netns/{pod}"):
             subprocess.run(["ip", "netns", "delete", pod], capture_output=True, check=False)
@@ -197,8 +187,7 @@ def down(root: str = DEFAULT_ROOT) -> list[str]:
                               check=False).returncode == 0:
                 removed.append(f"link {link}")
     if _pid(root, "ovs-vswitchd"):
-        # `exit --cleanup` deletes the datapath and its tap devices (the bridge's internal
-        # port and `ovs-netdev`); a plain SIGTERM would leave them behind in the kernel.
+        # `exit --cleanup` deletes the datapath and its ports before the process ends.
         try:
             _run(["ovs-appctl", "-t", f"{root}/ovs-vswitchd.ctl", "exit", "--cleanup"], root,
                  "stopping ovs-vswitchd")
@@ -209,9 +198,6 @@ def down(root: str = DEFAULT_ROOT) -> list[str]:
     if _pid(root, "ovsdb-server"):
         _stop(root, "ovsdb-server")
         removed.append("ovsdb-server")
-    if owns_dp_tap and subprocess.run(["ip", "link", "delete", "ovs-netdev"], capture_output=True,
-                                      check=False).returncode == 0:
-        removed.append("link ovs-netdev")
     shutil.rmtree(root, ignore_errors=True)
     return removed
 
