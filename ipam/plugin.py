@@ -1,0 +1,181 @@
+"""The IPAM verbs as an in-process API: what `tenantnet` calls without exec, and what the
+`tenantnet-ipam` executable wraps.
+
+    add(env, conf) -> Result        one address per range set, idempotent per attachment
+    delete(env, conf) -> None       releases; succeeds when nothing is held
+    check(env, conf) -> None        raises CniError(CHECK_FAILED) on drift
+    gc(conf, keep) -> None          releases the network's allocations not in `keep`
+    status(conf) -> None            raises CniError(NOT_AVAILABLE) if an ADD could not succeed
+
+`conf.ipam` is the `ipam` section, `conf.name` the network (the pool's identity). The whole
+config is validated before the store is opened, so bad input never leaves a trace.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import threading
+
+from cni.env import CniEnv
+from cni.errors import CniError, Code
+from cni.netconf import NetConf
+from cni.result import DNS, IPConfig, Result
+from ipam import allocator
+from ipam.config import IpamConfig, data_dir_of, parse_ipam, static_requests
+from ipam.sqlite_store import DB_NAME, SqliteStore
+from ipam.store import Allocation, Store, release_owner
+from ipam.store import gc as store_gc
+
+_stores: dict[str, SqliteStore] = {}
+_stores_pid = os.getpid()
+_stores_lock = threading.Lock()
+
+
+def open_store(data_dir: str, *, create: bool = True) -> Store | None:
+    """The store for `data_dir`, opened once per process (None if absent and not `create`)."""
+    global _stores_pid
+    with _stores_lock:
+        if _stores_pid != os.getpid():
+            # A forked child must not share its parent's SQLite connections.
+            _stores.clear()
+            _stores_pid = os.getpid()
+        store = _stores.get(data_dir)
+        if store is None:
+            if not create and not os.path.exists(os.path.join(data_dir, DB_NAME)):
+                return None
+            store = SqliteStore(data_dir)
+            _stores[data_dir] = store
+        return store
+
+
+def _requested(env: CniEnv, conf: NetConf) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
+    return static_requests(iter([
+        ("runtimeConfig.ips", conf.runtime("ips")),
+        ("CNI_ARGS IP", list(env.args.ips)),
+        ("args.cni.ips", conf.args_cni.get("ips")),
+    ]))
+
+
+def _dns(cfg: IpamConfig) -> DNS:
+    dns = DNS()
+    if cfg.resolv_conf:
+        from ipam.resolv import parse_resolv_conf
+
+        dns = parse_resolv_conf(cfg.resolv_conf)
+    # A literal `dns` object wins, field by field, over what resolvConf said.
+    return DNS(
+        nameservers=list(cfg.dns.nameservers or dns.nameservers),
+        domain=cfg.dns.domain or dns.domain,
+        search=list(cfg.dns.search or dns.search),
+        options=list(cfg.dns.options or dns.options),
+    )
+
+
+def _owner(env: CniEnv, conf: NetConf) -> allocator.Owner:
+    return allocator.Owner(
+        network=conf.name,
+        container_id=env.container_id,
+        ifname=env.ifname,
+        pod_namespace=env.args.pod_namespace,
+        pod_name=env.args.pod_name,
+        netns=env.netns,
+    )
+
+
+def add(env: CniEnv, conf: NetConf) -> Result:
+    cfg = parse_ipam(conf.ipam)
+    requested = _requested(env, conf)
+    dns = _dns(cfg)  # read resolvConf before recording anything: its errors are config errors
+    store = open_store(cfg.data_dir)
+    assert store is not None
+    with store.transaction() as txn:
+        grants = allocator.allocate(txn, cfg, _owner(env, conf), requested)
+    ips = [
+        IPConfig(
+            address=ipaddress.ip_interface(f"{g.address}/{g.range.subnet.prefixlen}"),
+            gateway=g.range.gateway,
+        )
+        for g in grants
+    ]
+    return Result(ips=ips, routes=list(cfg.routes), dns=dns)
+
+
+def delete(env: CniEnv, conf: NetConf) -> None:
+    # Only dataDir is needed to release: a DEL must work even if the ranges were since
+    # edited into something invalid, and must not create a store that never existed.
+    store = open_store(data_dir_of(conf.ipam if isinstance(conf.ipam, dict) else {}),
+                       create=False)
+    if store is not None:
+        release_owner(store, conf.name, env.container_id, env.ifname)
+
+
+def check(env: CniEnv, conf: NetConf) -> None:
+    cfg = parse_ipam(conf.ipam)
+    where = f"network {conf.name!r} container {env.container_id} interface {env.ifname}"
+    store = open_store(cfg.data_dir, create=False)
+    held: list[Allocation] = []
+    if store is not None:
+        with store.snapshot() as txn:
+            held = txn.owned_by(conf.name, env.container_id, env.ifname)
+    if not held:
+        raise CniError(Code.CHECK_FAILED, f"check failed: {where} holds no address")
+    by_set: dict[int, list[Allocation]] = {}
+    for a in held:
+        found = allocator.locate(cfg, a.address)
+        if found is None:
+            raise CniError(
+                Code.CHECK_FAILED,
+                f"check failed: {where} holds {a.address}, which is in no range of the config",
+            )
+        by_set.setdefault(found[0], []).append(a)
+    for idx, rs in enumerate(cfg.range_sets):
+        got = by_set.get(idx, [])
+        if len(got) != 1:
+            listed = ", ".join(str(a.address) for a in got) or "none"
+            raise CniError(
+                Code.CHECK_FAILED,
+                f"check failed: {where} should hold one address of range set {idx} "
+                f"({rs.describe()}), holds {listed}",
+            )
+    if conf.prev_result is not None:
+        previous = {ip.address.ip for ip in conf.prev_result.ips}
+        mine = {a.address for a in held}
+        for a in held:
+            if a.address not in previous:
+                raise CniError(
+                    Code.CHECK_FAILED,
+                    f"check failed: {where} holds {a.address}, missing from prevResult.ips",
+                )
+        for ip in previous:
+            if allocator.locate(cfg, ip) is not None and ip not in mine:
+                raise CniError(
+                    Code.CHECK_FAILED,
+                    f"check failed: prevResult.ips has {ip}, which {where} does not hold",
+                )
+
+
+def gc(conf: NetConf, keep: set[tuple[str, str]]) -> None:
+    store = open_store(data_dir_of(conf.ipam if isinstance(conf.ipam, dict) else {}),
+                       create=False)
+    if store is not None:
+        store_gc(store, conf.name, keep)
+
+
+def status(conf: NetConf) -> None:
+    cfg = parse_ipam(conf.ipam)
+    try:
+        store = open_store(cfg.data_dir)
+        assert store is not None
+        with store.snapshot() as txn:
+            for idx, rs in enumerate(cfg.range_sets):
+                if allocator.next_free(txn, conf.name, idx, rs) is None:
+                    raise CniError(
+                        Code.NOT_AVAILABLE,
+                        f"not available: network {conf.name!r} has no free address in range set "
+                        f"{idx} ({rs.describe()})",
+                    )
+    except CniError as err:
+        if err.code == Code.NOT_AVAILABLE:
+            raise
+        raise CniError(Code.NOT_AVAILABLE, f"not available: {err.msg}", err.details) from None

@@ -1,0 +1,479 @@
+"""The node-local store: one SQLite database (`<dataDir>/ipam.db`) in WAL mode.
+
+Why SQLite: it is in the standard library, a transaction is atomic across a SIGKILL at any
+instant (uncommitted WAL frames are ignored on the next open), and `BEGIN IMMEDIATE` gives
+one writer at a time across processes with a bounded wait — exactly host-local's file lock,
+but with one indexed row per allocation instead of a file per address.
+
+Durability: `synchronous=NORMAL`. In WAL mode that survives any process crash; only a power
+loss can drop the last few commits, never corrupt the file — and every sandbox those commits
+were about died with the power too (a lost DEL leaves a stale row that GC reclaims).
+
+Flat allocation cost: besides the `allocation` rows, two derived tables keep bitmaps —
+`used_block`, the held addresses of each 256-address block, and `full_block`, the full
+blocks of each 65,536-address superblock — maintained by triggers so no code path can let
+them drift. Finding the first free address after the cursor costs a few point lookups
+whatever the fill level: one per non-full block visited and one per superblock of full
+blocks skipped, never one per used address.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from cni.errors import CniError, Code
+from cni.result import IPAddress
+from ipam.store import Allocation, Store
+
+DB_NAME = "ipam.db"
+SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 30.0
+_MASK64 = (1 << 64) - 1
+
+_SCHEMA = """
+-- An address is split as super (address >> 16, 16 big-endian bytes), sub (the block within
+-- the superblock, 0-255) and bit (the address within the block, 0-255).
+CREATE TABLE IF NOT EXISTS allocation (
+    network       TEXT    NOT NULL,
+    family        INTEGER NOT NULL,          -- 4 or 6
+    super         BLOB    NOT NULL,
+    sub           INTEGER NOT NULL,
+    bit           INTEGER NOT NULL,
+    address       TEXT    NOT NULL,          -- the address as text, for people and queries
+    container_id  TEXT    NOT NULL,
+    ifname        TEXT    NOT NULL,
+    pod_namespace TEXT    NOT NULL DEFAULT '',
+    pod_name      TEXT    NOT NULL DEFAULT '',
+    netns         TEXT    NOT NULL DEFAULT '',
+    created       REAL    NOT NULL,
+    PRIMARY KEY (network, family, super, sub, bit)
+) WITHOUT ROWID;
+CREATE INDEX IF NOT EXISTS allocation_owner ON allocation (network, container_id, ifname);
+CREATE INDEX IF NOT EXISTS allocation_address ON allocation (address);
+
+-- Derived from `allocation` by the triggers below; never written directly.
+CREATE TABLE IF NOT EXISTS used_block (
+    network TEXT    NOT NULL,
+    family  INTEGER NOT NULL,
+    super   BLOB    NOT NULL,
+    sub     INTEGER NOT NULL,
+    w0 INTEGER NOT NULL, w1 INTEGER NOT NULL, w2 INTEGER NOT NULL, w3 INTEGER NOT NULL,
+    used    INTEGER NOT NULL,
+    PRIMARY KEY (network, family, super, sub)
+) WITHOUT ROWID;
+
+-- Derived from `used_block`: bit `sub` is set while that block has all 256 addresses held.
+CREATE TABLE IF NOT EXISTS full_block (
+    network TEXT    NOT NULL,
+    family  INTEGER NOT NULL,
+    super   BLOB    NOT NULL,
+    f0 INTEGER NOT NULL, f1 INTEGER NOT NULL, f2 INTEGER NOT NULL, f3 INTEGER NOT NULL,
+    PRIMARY KEY (network, family, super)
+) WITHOUT ROWID;
+
+-- host-local's last_reserved_ip.N: allocation continues after this address.
+CREATE TABLE IF NOT EXISTS cursor (
+    network   TEXT    NOT NULL,
+    range_set INTEGER NOT NULL,
+    address   TEXT    NOT NULL,
+    PRIMARY KEY (network, range_set)
+) WITHOUT ROWID;
+
+CREATE TRIGGER IF NOT EXISTS allocation_added AFTER INSERT ON allocation BEGIN
+    INSERT INTO used_block (network, family, super, sub, w0, w1, w2, w3, used) VALUES (
+        NEW.network, NEW.family, NEW.super, NEW.sub,
+        CASE WHEN NEW.bit >> 6 = 0 THEN 1 << (NEW.bit & 63) ELSE 0 END,
+        CASE WHEN NEW.bit >> 6 = 1 THEN 1 << (NEW.bit & 63) ELSE 0 END,
+        CASE WHEN NEW.bit >> 6 = 2 THEN 1 << (NEW.bit & 63) ELSE 0 END,
+        CASE WHEN NEW.bit >> 6 = 3 THEN 1 << (NEW.bit & 63) ELSE 0 END,
+        1)
+    ON CONFLICT (network, family, super, sub) DO UPDATE SET
+        w0 = w0 | excluded.w0, w1 = w1 | excluded.w1,
+        w2 = w2 | excluded.w2, w3 = w3 | excluded.w3, used = used + 1;
+END;
+
+CREATE TRIGGER IF NOT EXISTS allocation_removed AFTER DELETE ON allocation BEGIN
+    UPDATE used_block SET
+        w0 = CASE WHEN OLD.bit >> 6 = 0 THEN w0 & ~(1 << (OLD.bit & 63)) ELSE w0 END,
+        w1 = CASE WHEN OLD.bit >> 6 = 1 THEN w1 & ~(1 << (OLD.bit & 63)) ELSE w1 END,
+        w2 = CASE WHEN OLD.bit >> 6 = 2 THEN w2 & ~(1 << (OLD.bit & 63)) ELSE w2 END,
+        w3 = CASE WHEN OLD.bit >> 6 = 3 THEN w3 & ~(1 << (OLD.bit & 63)) ELSE w3 END,
+        used = used - 1
+    WHERE network = OLD.network AND family = OLD.family AND super = OLD.super
+      AND sub = OLD.sub;
+    DELETE FROM used_block
+    WHERE network = OLD.network AND family = OLD.family AND super = OLD.super
+      AND sub = OLD.sub AND used <= 0;
+END;
+
+CREATE TRIGGER IF NOT EXISTS block_filled AFTER UPDATE OF used ON used_block
+WHEN NEW.used = 256 BEGIN
+    INSERT INTO full_block (network, family, super, f0, f1, f2, f3) VALUES (
+        NEW.network, NEW.family, NEW.super,
+        CASE WHEN NEW.sub >> 6 = 0 THEN 1 << (NEW.sub & 63) ELSE 0 END,
+        CASE WHEN NEW.sub >> 6 = 1 THEN 1 << (NEW.sub & 63) ELSE 0 END,
+        CASE WHEN NEW.sub >> 6 = 2 THEN 1 << (NEW.sub & 63) ELSE 0 END,
+        CASE WHEN NEW.sub >> 6 = 3 THEN 1 << (NEW.sub & 63) ELSE 0 END)
+    ON CONFLICT (network, family, super) DO UPDATE SET
+        f0 = f0 | excluded.f0, f1 = f1 | excluded.f1,
+        f2 = f2 | excluded.f2, f3 = f3 | excluded.f3;
+END;
+
+CREATE TRIGGER IF NOT EXISTS block_opened AFTER UPDATE OF used ON used_block
+WHEN OLD.used = 256 AND NEW.used < 256 BEGIN
+    UPDATE full_block SET
+        f0 = CASE WHEN NEW.sub >> 6 = 0 THEN f0 & ~(1 << (NEW.sub & 63)) ELSE f0 END,
+        f1 = CASE WHEN NEW.sub >> 6 = 1 THEN f1 & ~(1 << (NEW.sub & 63)) ELSE f1 END,
+        f2 = CASE WHEN NEW.sub >> 6 = 2 THEN f2 & ~(1 << (NEW.sub & 63)) ELSE f2 END,
+        f3 = CASE WHEN NEW.sub >> 6 = 3 THEN f3 & ~(1 << (NEW.sub & 63)) ELSE f3 END
+    WHERE network = NEW.network AND family = NEW.family AND super = NEW.super;
+    DELETE FROM full_block
+    WHERE network = NEW.network AND family = NEW.family AND super = NEW.super
+      AND f0 = 0 AND f1 = 0 AND f2 = 0 AND f3 = 0;
+END;
+
+-- An address row is never moved: the bitmaps would not follow it.
+CREATE TRIGGER IF NOT EXISTS allocation_fixed BEFORE UPDATE OF network, family, super, sub, bit
+ON allocation BEGIN
+    SELECT RAISE(ABORT, 'allocation addresses are immutable; delete and insert');
+END;
+"""
+
+_COLUMNS = "network, address, container_id, ifname, pod_namespace, pod_name, netns, created"
+
+
+def _split(value: int) -> tuple[bytes, int, int]:
+    """(super, sub, bit) of an address: its superblock key, block in it, address in block."""
+    return (value >> 16).to_bytes(16, "big"), (value >> 8) & 255, value & 255
+
+
+def _bits(w0: int, w1: int, w2: int, w3: int) -> int:
+    """Four signed 64-bit SQLite integers as one 256-bit Python int."""
+    return (w0 & _MASK64) | (w1 & _MASK64) << 64 | (w2 & _MASK64) << 128 | (w3 & _MASK64) << 192
+
+
+_ALL = (1 << 256) - 1
+
+
+def _row(row: tuple[Any, ...]) -> Allocation:
+    return Allocation(
+        network=row[0],
+        address=ipaddress.ip_address(row[1]),
+        container_id=row[2],
+        ifname=row[3],
+        pod_namespace=row[4],
+        pod_name=row[5],
+        netns=row[6],
+        created=row[7],
+    )
+
+
+def _sort_key(a: Allocation) -> tuple[str, int, int]:
+    return (a.network, a.address.version, int(a.address))
+
+
+class SqliteTransaction:
+    """The `ipam.store.Transaction` primitives on one open SQLite transaction."""
+
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self._db = db
+
+    def owned_by(self, network: str, container_id: str, ifname: str) -> list[Allocation]:
+        rows = self._db.execute(
+            # Without statistics the planner prefers the primary key's `network = ?` prefix,
+            # a scan of the whole pool; the owner index makes this one lookup.
+            f"SELECT {_COLUMNS} FROM allocation INDEXED BY allocation_owner "
+            "WHERE network = ? AND container_id = ? AND ifname = ?",
+            (network, container_id, ifname),
+        ).fetchall()
+        return sorted((_row(r) for r in rows), key=_sort_key)
+
+    def holder(self, network: str, address: IPAddress) -> Allocation | None:
+        value = int(address)
+        row = self._db.execute(
+            f"SELECT {_COLUMNS} FROM allocation WHERE network = ? AND family = ? AND super = ? "
+            "AND sub = ? AND bit = ?",
+            (network, address.version, *_split(value)),
+        ).fetchone()
+        return _row(row) if row else None
+
+    def first_free(self, network: str, family: int, lo: int, hi: int) -> int | None:
+        pos = lo
+        full_of: dict[int, int] = {}
+        while pos <= hi:
+            sup, sub, _ = _split(pos)
+            row = self._db.execute(
+                "SELECT w0, w1, w2, w3 FROM used_block WHERE network = ? AND family = ? "
+                "AND super = ? AND sub = ?",
+                (network, family, sup, sub),
+            ).fetchone()
+            if row is None:
+                return pos  # nothing in pos's block is held
+            base = pos & ~255
+            top = min(hi, base + 255)
+            window = ((1 << (top - base + 1)) - 1) & ~((1 << (pos - base)) - 1)
+            free = window & ~_bits(*row)
+            if free:
+                return base + (free & -free).bit_length() - 1
+            pos = base + 256
+            # Skip completely full blocks a superblock (256 blocks) at a time.
+            while pos <= hi:
+                high = pos >> 16
+                if high not in full_of:
+                    f = self._db.execute(
+                        "SELECT f0, f1, f2, f3 FROM full_block WHERE network = ? AND family = ? "
+                        "AND super = ?",
+                        (network, family, high.to_bytes(16, "big")),
+                    ).fetchone()
+                    full_of[high] = _bits(*f) if f else 0
+                open_blocks = ~full_of[high] & _ALL & ~((1 << ((pos >> 8) & 255)) - 1)
+                if open_blocks:
+                    pos = (high << 16) | (((open_blocks & -open_blocks).bit_length() - 1) << 8)
+                    break
+                pos = (high + 1) << 16
+        return None
+
+    def last_reserved(self, network: str, range_set: int) -> IPAddress | None:
+        row = self._db.execute(
+            "SELECT address FROM cursor WHERE network = ? AND range_set = ?",
+            (network, range_set),
+        ).fetchone()
+        return ipaddress.ip_address(row[0]) if row else None
+
+    def set_last_reserved(self, network: str, range_set: int, address: IPAddress) -> None:
+        self._db.execute(
+            "INSERT INTO cursor (network, range_set, address) VALUES (?, ?, ?) "
+            "ON CONFLICT (network, range_set) DO UPDATE SET address = excluded.address",
+            (network, range_set, str(address)),
+        )
+
+    def insert(self, allocation: Allocation) -> None:
+        value = int(allocation.address)
+        try:
+            self._db.execute(
+                "INSERT INTO allocation (network, family, super, sub, bit, address, "
+                "container_id, ifname, pod_namespace, pod_name, netns, created) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    allocation.network,
+                    allocation.address.version,
+                    *_split(value),
+                    str(allocation.address),
+                    allocation.container_id,
+                    allocation.ifname,
+                    allocation.pod_namespace,
+                    allocation.pod_name,
+                    allocation.netns,
+                    allocation.created or time.time(),
+                ),
+            )
+        except sqlite3.IntegrityError:
+            raise CniError(
+                Code.ADDRESS_UNAVAILABLE,
+                f"address {allocation.address} of network {allocation.network!r} "
+                "is already allocated",
+            ) from None
+
+    def delete(self, network: str, address: IPAddress) -> None:
+        value = int(address)
+        self._db.execute(
+            "DELETE FROM allocation WHERE network = ? AND family = ? AND super = ? AND sub = ? "
+            "AND bit = ?",
+            (network, address.version, *_split(value)),
+        )
+
+    def allocations(self, network: str | None = None) -> list[Allocation]:
+        if network is None:
+            rows = self._db.execute(f"SELECT {_COLUMNS} FROM allocation").fetchall()
+        else:
+            rows = self._db.execute(
+                f"SELECT {_COLUMNS} FROM allocation WHERE network = ?", (network,)
+            ).fetchall()
+        return sorted((_row(r) for r in rows), key=_sort_key)
+
+    def cursors(self) -> dict[tuple[str, int], IPAddress]:
+        rows = self._db.execute("SELECT network, range_set, address FROM cursor").fetchall()
+        return {(n, i): ipaddress.ip_address(a) for n, i, a in rows}
+
+
+def _retry_locked(step: Any) -> Any:
+    """Run a setup step that SQLite may refuse with 'locked' while another process does it."""
+    deadline = time.monotonic() + BUSY_TIMEOUT_S
+    delay = 0.002
+    while True:
+        try:
+            return step()
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) and "busy" not in str(exc):
+                raise
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(delay)
+            delay = min(delay * 2, 0.05)
+
+
+class SqliteStore(Store):
+    """`<data_dir>/ipam.db`; safe to open from any number of processes at once."""
+
+    def __init__(self, data_dir: str, *, create: bool = True) -> None:
+        self.data_dir = data_dir
+        self.path = os.path.join(data_dir, DB_NAME)
+        self._lock = threading.RLock()
+        try:
+            if create:
+                os.makedirs(data_dir, mode=0o700, exist_ok=True)
+                # Create the file ourselves so it is 0600 whatever the umask (it names pods);
+                # SQLite gives the -wal and -shm files the same mode.
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+            elif not os.path.exists(self.path):
+                raise CniError(Code.IO_FAILURE, f"no IPAM store at {self.path}")
+            self._db = sqlite3.connect(
+                self.path,
+                timeout=BUSY_TIMEOUT_S,
+                isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
+                check_same_thread=False,  # guarded by self._lock instead
+            )
+        except OSError as exc:
+            raise CniError(
+                Code.IO_FAILURE, f"cannot open IPAM store in {data_dir!r}: {exc.strerror or exc}"
+            ) from None
+        except sqlite3.Error as exc:
+            raise CniError(Code.IO_FAILURE, f"cannot open IPAM store {self.path!r}: {exc}") from None
+        try:
+            self._setup()
+        except sqlite3.Error as exc:
+            self._db.close()
+            raise CniError(Code.IO_FAILURE, f"cannot open IPAM store {self.path!r}: {exc}") from None
+
+    def _setup(self) -> None:
+        db = self._db
+        db.execute("PRAGMA synchronous = NORMAL")
+        db.execute("PRAGMA foreign_keys = OFF")
+        mode = db.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode.lower() != "wal":
+            _retry_locked(lambda: db.execute("PRAGMA journal_mode = WAL").fetchone())
+        version = db.execute("PRAGMA user_version").fetchone()[0]
+        if version == SCHEMA_VERSION:
+            return
+        if version > SCHEMA_VERSION:
+            raise CniError(
+                Code.IO_FAILURE,
+                f"IPAM store {self.path!r} has schema version {version}; this tenantnet-ipam "
+                f"understands up to {SCHEMA_VERSION} (was it written by a newer release?)",
+            )
+
+        def create() -> None:
+            db.execute("BEGIN IMMEDIATE")
+            try:
+                if db.execute("PRAGMA user_version").fetchone()[0] == 0:
+                    for statement in _split_sql(_SCHEMA):
+                        db.execute(statement)
+                    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                db.execute("COMMIT")
+            except BaseException:
+                db.execute("ROLLBACK")
+                raise
+
+        _retry_locked(create)
+
+    @contextmanager
+    def transaction(self) -> Iterator[SqliteTransaction]:
+        with self._lock:
+            try:
+                self._db.execute("BEGIN IMMEDIATE")
+            except sqlite3.OperationalError as exc:
+                raise CniError(
+                    Code.TRY_AGAIN_LATER,
+                    f"IPAM store {self.path!r} stayed locked for {BUSY_TIMEOUT_S:.0f} s: {exc}",
+                ) from None
+            try:
+                yield SqliteTransaction(self._db)
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            try:
+                self._db.execute("COMMIT")
+            except sqlite3.Error as exc:
+                if self._db.in_transaction:
+                    self._db.execute("ROLLBACK")
+                raise CniError(Code.IO_FAILURE, f"cannot commit to {self.path!r}: {exc}") from None
+
+    @contextmanager
+    def snapshot(self) -> Iterator[SqliteTransaction]:
+        """A read-only, consistent view (a deferred transaction that takes no write lock)."""
+        with self._lock:
+            self._db.execute("BEGIN")
+            try:
+                yield SqliteTransaction(self._db)
+            finally:
+                self._db.execute("ROLLBACK")
+
+    def allocations(self, network: str | None = None) -> list[Allocation]:
+        with self.snapshot() as txn:
+            return txn.allocations(network)
+
+    def cursors(self) -> dict[tuple[str, int], IPAddress]:
+        with self.snapshot() as txn:
+            return txn.cursors()
+
+    def verify(self) -> list[str]:
+        problems: list[str] = []
+        with self.snapshot():
+            check = self._db.execute("PRAGMA integrity_check").fetchall()
+            if check != [("ok",)]:
+                problems.extend(f"integrity_check: {r[0]}" for r in check)
+            expected: dict[tuple[str, int, bytes, int], int] = {}
+            for network, family, sup, sub, bit in self._db.execute(
+                "SELECT network, family, super, sub, bit FROM allocation"
+            ):
+                key = (network, family, sup, sub)
+                expected[key] = expected.get(key, 0) | (1 << bit)
+            actual: dict[tuple[str, int, bytes, int], int] = {}
+            full_expected: dict[tuple[str, int, bytes], int] = {}
+            for network, family, sup, sub, w0, w1, w2, w3, used in self._db.execute(
+                "SELECT network, family, super, sub, w0, w1, w2, w3, used FROM used_block"
+            ):
+                bits = _bits(w0, w1, w2, w3)
+                actual[(network, family, sup, sub)] = bits
+                if bin(bits).count("1") != used:
+                    problems.append(f"used_block {network}/{sup.hex()}/{sub}: count {used}")
+                if bits == _ALL:
+                    k = (network, family, sup)
+                    full_expected[k] = full_expected.get(k, 0) | (1 << sub)
+            if expected != actual:
+                problems.append("used_block bitmaps do not match the allocation rows")
+            full_actual = {
+                (network, family, sup): _bits(f0, f1, f2, f3)
+                for network, family, sup, f0, f1, f2, f3 in self._db.execute(
+                    "SELECT network, family, super, f0, f1, f2, f3 FROM full_block"
+                )
+            }
+            if full_expected != full_actual:
+                problems.append("full_block bitmaps do not match the used_block rows")
+        return problems
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+def _split_sql(script: str) -> list[str]:
+    """Statements of `_SCHEMA`, keeping trigger bodies (which contain ';') whole."""
+    out: list[str] = []
+    buf: list[str] = []
+    for line in script.splitlines():
+        if line.strip().startswith("--") or not line.strip():
+            continue
+        buf.append(line)
+        text = "\n".join(buf)
+        if sqlite3.complete_statement(text):
+            out.append(text.strip())
+            buf = []
+    return out
