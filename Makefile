@@ -14,7 +14,7 @@ deps:
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) with tenantnet and its Python dependencies"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install -q --disable-pip-version-check -e '.[test]' >$(VENV)/pip.log 2>&1 \
+	@$(PY) -m pip install -q --disable-pip-version-check --config-settings editable_mode=compat -e '.[test]' >$(VENV)/pip.log 2>&1 \
 		|| { cat $(VENV)/pip.log; exit 1; }
 	@touch $(STAMP)
 
@@ -38,6 +38,7 @@ test: deps venv lint
 
 bench: deps venv
 	$(PY) bench/bench_ovs.py --out docs/benchmarks.md
+	$(PY) bench/bench_sriov.py --out docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -12,44 +12,21 @@ creates. Both get their address from the same Go host-local.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import platform
-import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.common import exec_plugin, machine_line, summary, table, write_block  # noqa: E402
 from tenantnet import lab  # noqa: E402
 
 PLUGIN = str(Path(sys.executable).parent / "tenantnet")
 GO_BRIDGE = "/usr/lib/cni/bridge"
-MARK_BEGIN = "<!-- bench_ovs:begin -->"
-MARK_END = "<!-- bench_ovs:end -->"
-
-
-def run(cmd: str, env: dict[str, str], conf: dict) -> float:
-    start = time.perf_counter()
-    proc = subprocess.run([cmd], input=json.dumps(conf).encode(), env=env, capture_output=True, check=False)
-    elapsed = (time.perf_counter() - start) * 1000
-    if proc.returncode != 0:
-        raise SystemExit(f"{cmd} {env['CNI_COMMAND']} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
-    return elapsed
-
-
-def summary(values: list[float]) -> dict[str, float]:
-    ordered = sorted(values)
-    return {
-        "median": statistics.median(ordered),
-        "p90": ordered[int(0.9 * (len(ordered) - 1))],
-        "min": ordered[0],
-    }
 
 
 def main() -> None:
@@ -79,8 +56,8 @@ def main() -> None:
                 subprocess.run(["ip", "netns", "add", name], check=True)
                 netns.append(name)
                 env = {**base_env, "CNI_CONTAINERID": uuid.uuid4().hex, "CNI_NETNS": f"/run/netns/{name}"}
-                times[f"{who}-add"].append(run(cmd, {**env, "CNI_COMMAND": "ADD"}, conf))
-                times[f"{who}-del"].append(run(cmd, {**env, "CNI_COMMAND": "DEL"}, conf))
+                times[f"{who}-add"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "ADD"}, conf))
+                times[f"{who}-del"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "DEL"}, conf))
                 subprocess.run(["ip", "netns", "delete", name], check=True)
                 netns.remove(name)
             print(f"\r{i + 1}/{args.count}", end="", file=sys.stderr, flush=True)
@@ -93,34 +70,10 @@ def main() -> None:
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
     s = {k: summary(v) for k, v in times.items()}
-    rows = [
-        ("ADD", s["ours-add"], s["go-add"]),
-        ("DEL", s["ours-del"], s["go-del"]),
-    ]
-    lines = [
-        MARK_BEGIN,
-        f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores, Linux {platform.release()}, "
-        f"Python {platform.python_version()}; {args.count} attachments per plugin, interleaved; "
-        "each figure is the wall time of one exec of the plugin (ms).",
-        "",
-        "| verb | tenantnet `ovs` median | p90 | Go `bridge`+`host-local` median | p90 | ratio (median) |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    for verb, mine, ref in rows:
-        lines.append(f"| {verb} | {mine['median']:.1f} | {mine['p90']:.1f} | {ref['median']:.1f} | "
-                     f"{ref['p90']:.1f} | {mine['median'] / ref['median']:.2f}× |")
-    lines.append(MARK_END)
-    block = "\n".join(lines)
-    print(block)
-    if args.out:
-        path = Path(args.out)
-        text = path.read_text() if path.exists() else "# Benchmarks\n\n"
-        if MARK_BEGIN in text and MARK_END in text:
-            head, rest = text.split(MARK_BEGIN, 1)
-            text = head + block + rest.split(MARK_END, 1)[1]
-        else:
-            text = text.rstrip() + "\n\n" + block + "\n"
-        path.write_text(text)
+    lines = [machine_line(args.count, "attachments per plugin"), "",
+             *table([("ADD", s["ours-add"], s["go-add"]), ("DEL", s["ours-del"], s["go-del"])],
+                    "tenantnet `ovs`", "Go `bridge`+`host-local`")]
+    write_block(args.out, "bench_ovs", lines)
 
 
 if __name__ == "__main__":

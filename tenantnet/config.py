@@ -26,6 +26,10 @@ class NodeConfig:
     log_file: str = DEFAULT_LOG_FILE
     log_level: str = "info"
     ovsdb_timeout: float = 5.0
+    sysfs_root: str = "/sys"
+    # How VFs are configured through their PF: "netlink" (a real NIC) or "lab:<lab dir>"
+    # (the lab's simulated NIC, see tenantnet/lab_nic.py).
+    vf_control: str = "netlink"
     source: str = "(defaults)"
 
 
@@ -36,6 +40,8 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "logFile": ("log_file", str, "an absolute file path"),
     "logLevel": ("log_level", str, "one of debug, info, warning, error"),
     "ovsdbTimeout": ("ovsdb_timeout", float, "a number of seconds between 0.1 and 120"),
+    "sysfsRoot": ("sysfs_root", str, "an absolute directory path (default /sys)"),
+    "vfControl": ("vf_control", str, "netlink, or lab:/path/of/the/lab (the lab's simulated NIC)"),
 }
 
 
@@ -95,7 +101,9 @@ def load(path: str | None = None) -> NodeConfig:
             value = normalise_ovsdb_endpoint(value)
             if value is None:
                 raise _bad(path, key, data[key], allowed)
-        elif key in ("stateDir", "logFile") and not value.startswith("/"):
+        elif key == "vfControl" and not (value == "netlink" or value.startswith("lab:/")):
+            raise _bad(path, key, value, allowed)
+        elif key in ("stateDir", "logFile", "sysfsRoot") and not value.startswith("/"):
             raise _bad(path, key, value, allowed)
         elif key == "logLevel":
             try:

@@ -95,22 +95,28 @@ class Plugin:
                 raise system_error(exc, f"undoing the earlier attempt of ADD {env.container_id}/"
                                         f"{env.ifname} on network {conf.name}") from None
 
-        record = AttachmentRecord(
-            network=conf.name,
-            container_id=env.container_id,
-            ifname=env.ifname,
-            mode=tconf.mode,
-            netns=env.netns,
-            pod=PodRef(env.args.pod_namespace, env.args.pod_name, env.args.pod_uid),
-            plan=driver.plan(tconf, env),
-            conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
-        )
-        record.plan["cniArgs"] = ipam_client.call_for(env).cni_args
-        try:
-            self.records.save(record)  # intent first: from here on a crash is recoverable
-        except OSError as exc:
-            raise CniError(Code.IO_FAILURE, f"cannot write the attachment record under "
-                                            f"{self.records.root}: {exc.strerror or exc}") from None
+        with driver.reserve():
+            try:
+                plan = driver.plan(tconf, env, self.records)
+            except BaseException as exc:
+                raise system_error(exc, f"ADD {env.container_id}/{env.ifname} on network "
+                                        f"{conf.name}") from None
+            record = AttachmentRecord(
+                network=conf.name,
+                container_id=env.container_id,
+                ifname=env.ifname,
+                mode=tconf.mode,
+                netns=env.netns,
+                pod=PodRef(env.args.pod_namespace, env.args.pod_name, env.args.pod_uid),
+                plan=plan,
+                conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
+            )
+            record.plan["cniArgs"] = ipam_client.call_for(env).cni_args
+            try:
+                self.records.save(record)  # intent first: from here on a crash is recoverable
+            except OSError as exc:
+                raise CniError(Code.IO_FAILURE, f"cannot write the attachment record under "
+                                                f"{self.records.root}: {exc.strerror or exc}") from None
         _fault("after-record")
         started = time.perf_counter()
         record.progress = set()
@@ -121,16 +127,18 @@ class Plugin:
             if tconf.ipam_type:
                 got = ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "ADD"), conf.raw)
                 # A failed IPAM ADD allocated nothing (the spec makes the plugin clean up).
-                record.progress.add(STEP_IPAM)
+                record.mark(STEP_IPAM)
                 ipam_result = got or Result()
             _fault("after-ipam")
-            pod_state = netlink.configure_pod_interface(
-                env.netns, attached.pod_ifname, _address_plan(ipam_result)
-            )
-            result = _assemble(conf.prev_result, attached.host,
-                               Interface(name=pod_state.name, mac=pod_state.mac, mtu=pod_state.mtu,
-                                         sandbox=env.netns),
-                               ipam_result, tconf.dns)
+            if attached.has_netdev:
+                pod_state = netlink.configure_pod_interface(
+                    env.netns, attached.pod_ifname, _address_plan(ipam_result)
+                )
+                pod = Interface(name=pod_state.name, mac=pod_state.mac, mtu=pod_state.mtu,
+                                sandbox=env.netns, pci_id=attached.pci_id)
+            else:
+                pod = Interface(name=attached.pod_ifname, sandbox=env.netns, pci_id=attached.pci_id)
+            result = _assemble(conf.prev_result, attached.host, pod, ipam_result, tconf.dns)
             record.phase = PHASE_READY
             record.result = result.to_dict(RECORD_VERSION)
             self.records.save(record)
@@ -184,9 +192,14 @@ class Plugin:
             # A config we cannot parse cannot have produced an attachment of ours.
             self.log.warning("del.unparsable_config", network=conf.name, error=err.msg)
             return None
+        try:
+            plan = driver.plan_without_record(tconf, env)
+        except CniError as err:
+            self.log.warning("del.cannot_plan", network=conf.name, error=err.msg)
+            return None
         return AttachmentRecord(
             network=conf.name, container_id=env.container_id, ifname=env.ifname,
-            mode=tconf.mode, netns=env.netns, plan=driver.plan(tconf, env),
+            mode=tconf.mode, netns=env.netns, plan=plan,
             conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
         )
 
@@ -232,7 +245,7 @@ class Plugin:
                            f"{env.ifname} on network {conf.name}")
         driver = drivers.for_mode(record.mode, self.node)
         try:
-            drift = driver.check(record)
+            drift = driver.check(record, tconf)
             drift += self._check_pod(env, conf.prev_result, tconf)
             if tconf.ipam_type:
                 ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "CHECK"), conf.raw)
@@ -260,7 +273,7 @@ class Plugin:
         expected = prev.interfaces[index]
         if expected.mac and expected.mac.lower() != link.mac:
             drift.append(f"{env.ifname} has MAC {link.mac}, expected {expected.mac.lower()}")
-        want_mtu = expected.mtu or (tconf.ovs.mtu if tconf.ovs else None)
+        want_mtu = expected.mtu or tconf.mtu
         if want_mtu and want_mtu != link.mtu:
             drift.append(f"{env.ifname} has MTU {link.mtu}, expected {want_mtu}")
         if not link.up:
@@ -288,7 +301,7 @@ class Plugin:
         try:
             mode = tnconf.infer_mode(conf.raw)
             driver = drivers.for_mode(mode, self.node)
-            hint = driver.plan(tnconf.parse(conf, _gc_env(env), self.node), _gc_env(env)) \
+            hint = driver.plan(tnconf.parse(conf, _gc_env(env), self.node), _gc_env(env), None) \
                 if mode == "ovs" else {}
             doomed += driver.orphans(conf.name, keep, recorded, hint)
         except (CniError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:

@@ -26,7 +26,13 @@ EPILOG = """examples:
 
 
 def _node_config_path(args: argparse.Namespace) -> str | None:
-    return args.node_config or os.environ.get("TENANTNET_CONFIG") or None
+    """--node-config, else $TENANTNET_CONFIG, else the default lab's while it is up."""
+    if args.node_config or os.environ.get("TENANTNET_CONFIG"):
+        return args.node_config or os.environ.get("TENANTNET_CONFIG")
+    from tenantnet import lab
+
+    info = lab.status()
+    return info.node_config if info.running else None
 
 
 def _harness(args: argparse.Namespace) -> Any:
@@ -50,14 +56,21 @@ def _print_plugin_output(code: int, out: str) -> int:
 def cmd_lab(args: argparse.Namespace) -> int:
     from tenantnet import lab
 
+    if args.lab_command == "up" and not (0 <= args.vfs <= 16 and 0 <= args.dpdk_vfs <= args.vfs):
+        print("tenantnetctl lab up: --vfs must be 0-16 and --dpdk-vfs at most --vfs", file=sys.stderr)
+        return 2
     try:
         if args.lab_command == "up":
-            info = lab.up(args.dir, args.bridge)
+            info = lab.up(args.dir, args.bridge, vfs=args.vfs, dpdk_vfs=args.dpdk_vfs,
+                          refuse=args.refuse or [])
             if args.json:
                 print(json.dumps(lab.as_dict(info), indent=2))
             else:
                 print(f"lab is up in {info.root}: OVS bridge {info.bridge} (userspace datapath)")
                 print(f"ovsdb-server pid {info.ovsdb_server_pid}, ovs-vswitchd pid {info.ovs_vswitchd_pid}")
+                for nic in info.nics:
+                    print(f"simulated SR-IOV NIC: PF {nic['pf']} ({nic['pfAddress']}), "
+                          f"{len(nic['vfs'])} VFs: " + ", ".join(v["address"] for v in nic["vfs"]))
                 print(f"node config: {info.node_config}")
                 print(f"  export TENANTNET_CONFIG={info.node_config}")
             return 0
@@ -134,13 +147,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
         rows.append({
             "network": rec.network, "pod": f"{rec.pod.namespace}/{rec.pod.name}",
             "containerID": rec.container_id, "ifname": rec.ifname, "mode": rec.mode,
-            "phase": rec.phase, "hostIfname": rec.plan.get("hostIfname", ""),
+            "phase": rec.phase, "hostIfname": rec.plan.get("hostIfname") or rec.plan.get("deviceID", ""),
             "bridge": rec.plan.get("bridge", ""), "vlan": rec.plan.get("vlan"), "ips": ips,
         })
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    header = ("NETWORK", "POD", "IFNAME", "MODE", "PHASE", "HOST", "BRIDGE", "VLAN", "IPS")
+    header = ("NETWORK", "POD", "IFNAME", "MODE", "PHASE", "HOST/VF", "BRIDGE", "VLAN", "IPS")
     table = [header] + [
         (r["network"], r["pod"], r["ifname"], r["mode"], r["phase"], r["hostIfname"], r["bridge"],
          "" if r["vlan"] is None else str(r["vlan"]), ",".join(r["ips"])) for r in rows
@@ -172,6 +185,13 @@ def build_parser() -> argparse.ArgumentParser:
                        help=f"lab run directory (default {lab.DEFAULT_ROOT})")
         if name == "up":
             p.add_argument("--bridge", default=lab.DEFAULT_BRIDGE, help="OVS bridge to create")
+            p.add_argument("--vfs", type=int, default=0, metavar="N",
+                           help="also build a simulated SR-IOV NIC (PF lpf0) with N VFs (0-16)")
+            p.add_argument("--dpdk-vfs", type=int, default=0, metavar="K",
+                           help="bind the last K simulated VFs to vfio-pci (DPDK mode)")
+            p.add_argument("--refuse", action="append", metavar="FIELD",
+                           choices=["mac", "vlan", "spoofchk", "trust", "link_state", "rate"],
+                           help="make the simulated NIC refuse this VF attribute (repeatable)")
         if name != "down":
             p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=cmd_lab)
@@ -202,12 +222,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.add_argument("--json", action="store_true", help="machine-readable output")
     p_ls.set_defaults(func=cmd_ls)
 
-    try:
-        from ipam import cli as ipam_cli
-    except ImportError:
-        ipam_cli = None
-    if ipam_cli is not None:
-        ipam_cli.register(sub)
+    from ipam import cli as ipam_cli
+
+    ipam_cli.register(sub)
     return parser
 
 

@@ -43,6 +43,7 @@ class LabInfo:
     running: bool
     ovsdb_server_pid: int | None
     ovs_vswitchd_pid: int | None
+    nics: list[dict[str, Any]]
 
 
 def _paths(root: str) -> dict[str, str]:
@@ -101,10 +102,21 @@ def status(root: str = DEFAULT_ROOT) -> LabInfo:
         root=root, node_config=p["node_config"], ovsdb=f"unix:{p['sock']}",
         bridge=meta.get("bridge", DEFAULT_BRIDGE), state_dir=p["state"], log_file=p["log"],
         running=bool(db_pid and vs_pid), ovsdb_server_pid=db_pid, ovs_vswitchd_pid=vs_pid,
+        nics=_nics(root),
     )
 
 
-def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE) -> LabInfo:
+def _nics(root: str) -> list[dict[str, Any]]:
+    from tenantnet.lab_nic import LabNic
+
+    return LabNic(root).describe()
+
+
+def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpdk_vfs: int = 0,
+       refuse: list[str] | None = None) -> LabInfo:
+    """Start the lab; with `vfs` > 0 also a simulated SR-IOV NIC (PF `lpf0`) with that many VFs,
+    the last `dpdk_vfs` of them bound to vfio-pci. `refuse` names VF attributes the simulated
+    NIC refuses (e.g. ["rate"]), to see how a NIC without that feature is handled."""
     p = _paths(root)
     current = status(root)
     if current.running:
@@ -127,7 +139,13 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE) -> LabInfo:
               "--enable-dummy", "--detach", "--no-chdir"], root, "starting ovs-vswitchd")
         vsctl(root, "add-br", bridge, "--", "set", "Bridge", bridge, f"datapath_type={DATAPATH}",
               "external_ids:tenantnet-lab=true")
-    except LabError:
+        if vfs:
+            from tenantnet.lab_nic import LabNic
+            from tenantnet.simnic import connectx_pf
+
+            LabNic(root).create([connectx_pf("lpf0", vfs=vfs, dpdk_vfs=range(vfs - dpdk_vfs, vfs))],
+                                lambda *a: vsctl(root, *a), refuse)
+    except (LabError, OSError, subprocess.CalledProcessError):
         down(root)
         raise
     with open(p["node_config"], "w") as fh:
@@ -138,6 +156,12 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE) -> LabInfo:
             f"logFile: {p['log']}\n"
             "logLevel: info\n"
         )
+        if vfs:
+            fh.write(
+                "# the simulated SR-IOV NIC (tenantnet/lab_nic.py): fake sysfs + lab VF control\n"
+                f"sysfsRoot: {root}/sys\n"
+                f"vfControl: lab:{root}\n"
+            )
     return status(root)
 
 
@@ -186,6 +210,9 @@ def down(root: str = DEFAULT_ROOT) -> list[str]:
             if subprocess.run(["ip", "link", "delete", link], capture_output=True,
                               check=False).returncode == 0:
                 removed.append(f"link {link}")
+    from tenantnet.lab_nic import LabNic
+
+    removed += LabNic(root).destroy()
     if _pid(root, "ovs-vswitchd"):
         # `exit --cleanup` deletes the datapath and its ports before the process ends.
         try:

@@ -34,12 +34,30 @@ class OvsPortSettings:
 
 
 @dataclass(frozen=True)
+class VfSettings:
+    """sriov-cni's fields; spoofchk on and trust off unless the config says otherwise."""
+
+    device_id: str | None = None
+    pfs: tuple[str, ...] = ()
+    vlan: int = 0
+    vlan_qos: int = 0
+    vlan_proto: str = "802.1q"
+    spoofchk: bool = True
+    trust: bool = False
+    link_state: str | None = None
+    min_tx_rate: int | None = None
+    max_tx_rate: int | None = None
+    mtu: int | None = None
+
+
+@dataclass(frozen=True)
 class TenantnetConf:
     base: NetConf
     mode: str
     mac: str | None
     ovs: OvsPortSettings | None
     ipam_type: str
+    vf: VfSettings | None = None
     dns: DNS = field(default_factory=DNS)
     log_file: str | None = None
     log_level: str | None = None
@@ -51,6 +69,12 @@ class TenantnetConf:
     @property
     def cni_version(self) -> str:
         return self.base.cni_version
+
+    @property
+    def mtu(self) -> int | None:
+        if self.ovs is not None and self.ovs.mtu:
+            return self.ovs.mtu
+        return self.vf.mtu if self.vf is not None else None
 
 
 def _int_field(raw: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
@@ -208,6 +232,7 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
         )
         for key in ("link_state_check_retries", "link_state_check_interval"):
             _int_field(raw, key, 0, 100000)  # accepted for ovs-cni compatibility; veths need no wait
+    vf = _vf_settings(conf) if mode == "sriov" else None
     ipam_type = ""
     if conf.ipam:
         ipam_type = conf.ipam.get("type", "")
@@ -228,4 +253,70 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
         dns=_dns(conf),
         log_file=log_file,
         log_level="error" if log_level == "panic" else log_level,
+        vf=vf,
+    )
+
+
+def _on_off(raw: dict[str, Any], key: str, default: bool) -> bool:
+    value = raw.get(key)
+    if value is None:
+        return default
+    if value not in ("on", "off"):
+        raise invalid_config(key, value, 'must be "on" or "off"')
+    return value == "on"
+
+
+def device_id(conf: NetConf) -> str | None:
+    """The VF's PCI address: runtimeConfig.deviceID, else `deviceID`, else Multus's `pciBusID`."""
+    from tenantnet.system.sysfs import normalise_pci_address
+
+    for where, value in (("runtimeConfig.deviceID", conf.runtime("deviceID")),
+                         ("deviceID", conf.raw.get("deviceID")),
+                         ("pciBusID", conf.raw.get("pciBusID"))):
+        if value in (None, ""):
+            continue
+        address = normalise_pci_address(value) if isinstance(value, str) else None
+        if address is None:
+            raise invalid_config(where, value, "must be a PCI address like 0000:3b:00.2")
+        return address
+    return None
+
+
+def _vf_settings(conf: NetConf) -> VfSettings:
+    raw = conf.raw
+    pfs: list[str] = []
+    if raw.get("pf") is not None:
+        if not isinstance(raw["pf"], str) or not raw["pf"]:
+            raise invalid_config("pf", raw["pf"], "must be a PF netdev name or PCI address")
+        pfs.append(raw["pf"])
+    if raw.get("pfs") is not None:
+        if not isinstance(raw["pfs"], list) or not all(isinstance(p, str) and p for p in raw["pfs"]):
+            raise invalid_config("pfs", raw["pfs"], "must be a list of PF netdev names or PCI addresses")
+        pfs.extend(raw["pfs"])
+    dev = device_id(conf)
+    if dev is None and not pfs:
+        raise CniError(Code.INVALID_CONFIG, "invalid network config: mode sriov needs deviceID "
+                       "(or Multus's pciBusID / runtimeConfig.deviceID), or pf/pfs to pick a free VF from")
+    vlan = _vlan_id("vlan", raw["vlan"]) if raw.get("vlan") is not None else 0
+    qos = _int_field(raw, "vlanQoS", 0, 7) or 0
+    if qos and not vlan:
+        raise invalid_config("vlanQoS", qos, "needs a non-zero vlan")
+    proto = raw.get("vlanProto", "802.1q")
+    if proto not in ("802.1q", "802.1Q", "802.1ad", "802.1AD"):
+        raise invalid_config("vlanProto", proto, 'must be "802.1q" or "802.1ad"')
+    proto = proto.lower()
+    if proto == "802.1ad" and not vlan:
+        raise invalid_config("vlanProto", proto, "needs a non-zero vlan")
+    link_state = raw.get("link_state")
+    if link_state is not None and link_state not in ("auto", "enable", "disable"):
+        raise invalid_config("link_state", link_state, 'must be "auto", "enable" or "disable"')
+    min_rate = _int_field(raw, "min_tx_rate", 0, 10_000_000)
+    max_rate = _int_field(raw, "max_tx_rate", 0, 10_000_000)
+    if min_rate and max_rate and min_rate > max_rate:
+        raise invalid_config("min_tx_rate", min_rate, f"must not exceed max_tx_rate ({max_rate})")
+    return VfSettings(
+        device_id=dev, pfs=tuple(pfs), vlan=vlan, vlan_qos=qos, vlan_proto=proto,
+        spoofchk=_on_off(raw, "spoofchk", True), trust=_on_off(raw, "trust", False),
+        link_state=link_state, min_tx_rate=min_rate, max_tx_rate=max_rate,
+        mtu=_int_field(raw, "mtu", 68, 65535),
     )

@@ -53,6 +53,11 @@ class AttachmentRecord:
     created: float = field(default_factory=time.time)
     updated: float = field(default_factory=time.time)
 
+    def mark(self, step: str) -> None:
+        """Note that `step` of this ADD is done (or about to be), for an exact rollback."""
+        if self.progress is not None:
+            self.progress.add(step)
+
     @property
     def key(self) -> tuple[str, str, str]:
         return (self.network, self.container_id, self.ifname)

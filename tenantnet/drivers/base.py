@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import importlib
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,10 @@ class Attached:
 
     host: Interface | None
     pod_ifname: str
+    pci_id: str = ""
+    # False when there is no kernel netdev in the pod (a VF bound to vfio-pci for DPDK):
+    # addresses are then allocated and reported but configured by the workload itself.
+    has_netdev: bool = True
 
 
 class Driver(ABC):
@@ -34,9 +40,21 @@ class Driver(ABC):
     def __init__(self, node: NodeConfig) -> None:
         self.node = node
 
+    @contextmanager
+    def reserve(self) -> Iterator[None]:
+        """Held while the core plans and writes the intent record (e.g. to pick a free VF)."""
+        yield
+
     @abstractmethod
-    def plan(self, conf: TenantnetConf, env: CniEnv) -> dict[str, Any]:
-        """Names and settings fixed *before* anything is created; stored in the record."""
+    def plan(self, conf: TenantnetConf, env: CniEnv, records: Any = None) -> dict[str, Any]:
+        """Names and settings fixed *before* anything is created; stored in the record.
+
+        `records` (the RecordStore) lets a driver see what other attachments hold.
+        """
+
+    def plan_without_record(self, conf: TenantnetConf, env: CniEnv) -> dict[str, Any]:
+        """The plan DEL uses when the record is lost: what we would have made for this request."""
+        return self.plan(conf, env, None)
 
     @abstractmethod
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
@@ -47,8 +65,8 @@ class Driver(ABC):
         """Undo `attach`; idempotent, works with the netns already gone."""
 
     @abstractmethod
-    def check(self, record: AttachmentRecord) -> list[str]:
-        """Differences between the record and what is live on the host side."""
+    def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
+        """Differences between the record (and the config it was made from) and what is live."""
 
     @abstractmethod
     def describe(self, record: AttachmentRecord) -> dict[str, Any]:
@@ -65,9 +83,9 @@ class Driver(ABC):
 
 _DRIVERS = {
     "ovs": "tenantnet.drivers.ovs:OvsDriver",
+    "sriov": "tenantnet.drivers.sriov:SriovDriver",
 }
 _LATER = {
-    "sriov": "SR-IOV VF attachment (mode sriov)",
     "ovs-offload": "OVS hardware offload (mode ovs-offload)",
 }
 

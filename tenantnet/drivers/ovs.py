@@ -28,11 +28,6 @@ STEP_VETH = "veth"
 STEP_PORT = "port"
 
 
-def _done(record: AttachmentRecord, step: str) -> None:
-    if record.progress is not None:
-        record.progress.add(step)
-
-
 def host_ifname(container_id: str, ifname: str) -> str:
     """`tn` + 11 hex digits: deterministic, ≤ 15 characters, one per attachment."""
     digest = hashlib.sha256(f"{container_id}/{ifname}".encode()).hexdigest()
@@ -42,7 +37,7 @@ def host_ifname(container_id: str, ifname: str) -> str:
 class OvsDriver(Driver):
     mode = "ovs"
 
-    def plan(self, conf: TenantnetConf, env: CniEnv) -> dict[str, Any]:
+    def plan(self, conf: TenantnetConf, env: CniEnv, records: Any = None) -> dict[str, Any]:
         assert conf.ovs is not None
         return {
             "hostIfname": host_ifname(env.container_id, env.ifname),
@@ -69,7 +64,7 @@ class OvsDriver(Driver):
         host = plan["hostIfname"]
         # A link of this name can only be a leftover of a crashed ADD of this same attachment.
         netlink.delete_host_link(host)
-        _done(record, STEP_VETH)
+        record.mark(STEP_VETH)
         try:
             netlink.create_veth_into_netns(
                 host, record.ifname, record.netns, mtu=plan.get("mtu"), pod_mac=conf.mac
@@ -81,7 +76,7 @@ class OvsDriver(Driver):
                 f"in {record.netns}",
             ) from None
         pod = record.pod
-        _done(record, STEP_PORT)  # before the transaction: it may commit and still report failure
+        record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
         db.add_port(
             ovsdb.PortSpec(
                 bridge=plan["bridge"],
@@ -113,7 +108,7 @@ class OvsDriver(Driver):
             # Deleting the host end removes the pod end too, wherever it is.
             netlink.delete_host_link(host)
 
-    def check(self, record: AttachmentRecord) -> list[str]:
+    def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
         plan = record.plan
         host = plan["hostIfname"]
         drift: list[str] = []

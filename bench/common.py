@@ -1,0 +1,57 @@
+"""Shared bench plumbing: exec a plugin as a runtime would, summarise, write a markdown block."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+
+
+def exec_plugin(cmd: str, env: dict[str, str], conf: dict) -> float:
+    """Wall time (ms) of one exec; a failure stops the benchmark (figures would be meaningless)."""
+    start = time.perf_counter()
+    proc = subprocess.run([cmd], input=json.dumps(conf).encode(), env=env, capture_output=True, check=False)
+    elapsed = (time.perf_counter() - start) * 1000
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd} {env['CNI_COMMAND']} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
+    return elapsed
+
+
+def summary(values: list[float]) -> dict[str, float]:
+    ordered = sorted(values)
+    return {"median": statistics.median(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))]}
+
+
+def machine_line(count: int, what: str) -> str:
+    return (f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores, Linux {platform.release()}, "
+            f"Python {platform.python_version()}; {count} {what}, interleaved; each figure is the wall "
+            "time of one exec of the plugin (ms).")
+
+
+def table(rows: list[tuple[str, dict[str, float], dict[str, float]]], ours: str, ref: str) -> list[str]:
+    lines = [f"| verb | {ours} median | p90 | {ref} median | p90 | ratio (median) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    for verb, mine, theirs in rows:
+        lines.append(f"| {verb} | {mine['median']:.1f} | {mine['p90']:.1f} | {theirs['median']:.1f} | "
+                     f"{theirs['p90']:.1f} | {mine['median'] / theirs['median']:.2f}× |")
+    return lines
+
+
+def write_block(out: str | None, name: str, lines: list[str]) -> None:
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    block = "\n".join([begin, *lines, end])
+    print(block)
+    if not out:
+        return
+    path = Path(out)
+    text = path.read_text() if path.exists() else "# Benchmarks\n\n"
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        text = head + block + rest.split(end, 1)[1]
+    else:
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
