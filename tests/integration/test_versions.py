@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +92,32 @@ def test_runtime_config_keys_case_insensitive(lab, plugin, netns_factory, no_lef
     assert inv.out["interfaces"][1]["mac"] == "02:12:34:56:78:9a"
     assert inv.out["dns"] == {"nameservers": ["10.0.0.53"], "search": ["svc.local"]}
     assert plugin.call("DEL", conf, cid, ns.path).code == 0
+
+
+def test_own_ipam_in_process_dual_stack_1_1_0(lab, plugin, netns_factory, no_leftovers, tmp_path):
+    """ipam.type tenantnet-ipam runs inside the plugin (no exec) and speaks 1.1.0."""
+    ns = netns_factory()
+    cid = new_cid()
+    data = tmp_path / "ipam"
+    conf = plugin.conf(cniVersion="1.1.0", mtu=1400, ipam={
+        "type": "tenantnet-ipam", "dataDir": str(data),
+        "ranges": [[{"subnet": "10.55.0.0/24"}], [{"subnet": "fd55::/64"}]],
+        "routes": [{"dst": "0.0.0.0/0"}]})
+    # No tenantnet-ipam on CNI_PATH: only an in-process call can succeed.
+    env = plugin.env("ADD", cid, ns.path, "net1")
+    env["CNI_PATH"] = "/nonexistent"
+    inv = plugin.raw(env, json.dumps(conf))
+    assert inv.code == 0, inv.stdout
+    plugin.cleanups.append((conf, cid, "net1"))
+    ips = [ip["address"] for ip in inv.out["ips"]]
+    assert ips[0].startswith("10.55.0.") and ips[1].startswith("fd55::")
+    assert inv.out["interfaces"][1]["mtu"] == 1400
+    assert inv.out["routes"] == [{"dst": "0.0.0.0/0"}]
+    route = ns.run("ip", "-j", "route", "show", "default")
+    assert json.loads(route.stdout)[0]["gateway"] == "10.55.0.1"
+    gc = {**conf, "cni.dev/valid-attachments": []}
+    out = plugin.raw(plugin.env("GC", netns=None, cni_args=""), json.dumps(gc))
+    assert out.code == 0, out.stdout
+    listed = subprocess.run([str(Path(sys.executable).parent / "tenantnetctl"), "ipam", "ls", "--data-dir",
+                             str(data), "--json"], capture_output=True, text=True, check=True)
+    assert json.loads(listed.stdout) == []
