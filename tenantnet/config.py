@@ -30,6 +30,8 @@ class NodeConfig:
     # How VFs are configured through their PF: "netlink" (a real NIC) or "lab:<lab dir>"
     # (the lab's simulated NIC, see tenantnet/lab_nic.py).
     vf_control: str = "netlink"
+    tenancy: dict[str, Any] | None = None  # inline tenancy policy (tenantnet/tenancy.py)
+    tenancy_file: str | None = None
     source: str = "(defaults)"
 
 
@@ -42,6 +44,8 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "ovsdbTimeout": ("ovsdb_timeout", float, "a number of seconds between 0.1 and 120"),
     "sysfsRoot": ("sysfs_root", str, "an absolute directory path (default /sys)"),
     "vfControl": ("vf_control", str, "netlink, or lab:/path/of/the/lab (the lab's simulated NIC)"),
+    "tenancy": ("tenancy", dict, "a mapping with tenants (see docs/tenancy.md)"),
+    "tenancyFile": ("tenancy_file", str, "an absolute path of a YAML file with the tenancy policy"),
 }
 
 
@@ -103,7 +107,7 @@ def load(path: str | None = None) -> NodeConfig:
                 raise _bad(path, key, data[key], allowed)
         elif key == "vfControl" and not (value == "netlink" or value.startswith("lab:/")):
             raise _bad(path, key, value, allowed)
-        elif key in ("stateDir", "logFile", "sysfsRoot") and not value.startswith("/"):
+        elif key in ("stateDir", "logFile", "sysfsRoot", "tenancyFile") and not value.startswith("/"):
             raise _bad(path, key, value, allowed)
         elif key == "logLevel":
             try:

@@ -23,7 +23,7 @@ from cni.errors import CniError, Code
 from cni.log import get as get_log
 from cni.netconf import NetConf, parse_netconf, valid_attachments
 from cni.result import DNS, Interface, IPConfig, Result, Route
-from tenantnet import ipam_client
+from tenantnet import ipam_client, tenancy
 from tenantnet import netconf as tnconf
 from tenantnet.config import NodeConfig
 from tenantnet.drivers import base as drivers
@@ -77,6 +77,7 @@ class Plugin:
     # ---- ADD --------------------------------------------------------------------------
     def add(self, env: CniEnv, conf: NetConf) -> dict[str, Any]:
         tconf = tnconf.parse(conf, env, self.node)
+        tconf = tenancy.enforce(tenancy.load(self.node), tconf, env, self.log)
         driver = drivers.for_mode(tconf.mode, self.node)
         if not netns_exists(env.netns):
             raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: no such network namespace")
@@ -238,6 +239,9 @@ class Plugin:
         if conf.prev_result is None:
             raise CniError(Code.INVALID_CONFIG, "invalid network config: CHECK needs prevResult")
         tconf = tnconf.parse(conf, env, self.node)
+        # The same decision as ADD: resolves "vlan": "tenant", and fails an attachment the
+        # current policy would no longer allow.
+        tconf = tenancy.enforce(tenancy.load(self.node), tconf, env, self.log)
         record = self._load(conf.name, env.container_id, env.ifname)
         if record is None or record.phase != PHASE_READY:
             raise CniError(Code.UNKNOWN_CONTAINER,

@@ -4,6 +4,7 @@
     tenantnetctl attach|check|detach ...     run the plugin as kubelet/Multus would
     tenantnetctl gc|status --config NAD      the CNI GC / STATUS verbs for one network
     tenantnetctl ls                          attachment records on this node
+    tenantnetctl policy show|check           the tenancy policy
     tenantnetctl ipam ...                    tenantnet-ipam's address store
 """
 
@@ -164,6 +165,63 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_policy(args: argparse.Namespace) -> int:
+    from cni.env import parse_env
+    from cni.errors import CniError
+    from cni.netconf import parse_netconf
+    from tenantnet import config, tenancy
+    from tenantnet import netconf as tnconf
+    from tenantnet.harness import HarnessError, Pod, load_network_config
+
+    try:
+        node = config.load(_node_config_path(args))
+        policy = tenancy.load(node)
+        if args.policy_command == "show":
+            return _policy_show(policy, args.json)
+        pod = Pod.parse(args.pod)
+        raw = load_network_config(args.config)
+        env = parse_env({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": pod.container_id, "CNI_NETNS": "/",
+                         "CNI_IFNAME": "net1", "CNI_ARGS": pod.cni_args()})
+        conf = tnconf.parse(parse_netconf(raw), env, node)
+    except (CniError, HarnessError) as exc:
+        print(f"tenantnetctl policy: {exc}", file=sys.stderr)
+        return 2
+    if policy is None:
+        print(f"allowed: no tenancy policy in {node.source}; every pod may use every network")
+        return 0
+    settings = conf.ovs or conf.vf
+    deferred = raw.get("vlan") == tenancy.TENANT_VLAN
+    d = tenancy.decide(policy, pod.namespace, pod.name, conf.name, raw,
+                       None if deferred or settings is None else settings.vlan,
+                       conf.ovs.trunks if conf.ovs else ())
+    extra = f" (vlan \"tenant\" resolves to {d.vlan})" if d.vlan is not None else ""
+    print(f"{'allowed' if d.allowed else 'refused'}: {d.reason}{extra}")
+    return 0 if d.allowed else 1
+
+
+def _policy_show(policy: Any, as_json: bool) -> int:
+    if policy is None:
+        print("[]" if as_json else "no tenancy policy: every pod may use every network")
+        return 0
+    tenants = [{
+        "name": t.name, "namespaces": list(t.namespaces),
+        "networks": {n: {"vlans": g.describe(), "default": g.default} for n, g in t.networks.items()},
+        "sriov": {"spoofchk": "required" if t.spoofchk_required else "any",
+                  "trust": "forbidden" if t.trust_forbidden else "any"},
+    } for t in policy.tenants]
+    if as_json:
+        print(json.dumps({"source": policy.source, "tenants": tenants}, indent=2))
+        return 0
+    print(f"tenancy policy from {policy.source} (default deny)")
+    for t in tenants:
+        print(f"tenant {t['name']}: namespaces {', '.join(t['namespaces'])}")
+        for net, grant in t["networks"].items():
+            default = f" (tenant VLAN {grant['default']})" if grant["default"] is not None else ""
+            print(f"  network {net}: vlans {grant['vlans']}{default}")
+        print(f"  sriov: spoofchk {t['sriov']['spoofchk']}, trust {t['sriov']['trust']}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     from tenantnet import lab
 
@@ -216,6 +274,16 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text)
         p.add_argument("--config", required=True, metavar="NAD", help="network config file")
         p.set_defaults(func=cmd_network_verb)
+
+    p_pol = sub.add_parser("policy", help="the tenancy policy: show it, or explain a decision")
+    pol_sub = p_pol.add_subparsers(dest="policy_command", required=True, metavar="show|check")
+    p = pol_sub.add_parser("show", help="tenants, their namespaces and segments")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_policy)
+    p = pol_sub.add_parser("check", help="would ADD allow this pod on this network? (attaches nothing)")
+    p.add_argument("--pod", required=True, metavar="NS/NAME")
+    p.add_argument("--config", required=True, metavar="NAD")
+    p.set_defaults(func=cmd_policy)
 
     p_ls = sub.add_parser("ls", help="list attachment records on this node")
     p_ls.add_argument("--network", help="only this network")

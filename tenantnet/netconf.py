@@ -88,8 +88,20 @@ def _int_field(raw: dict[str, Any], key: str, lo: int, hi: int) -> int | None:
 
 def _vlan_id(where: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 4094:
-        raise invalid_config(where, value, "must be a VLAN id, an integer from 0 to 4094")
+        raise invalid_config(where, value, 'must be a VLAN id, an integer from 0 to 4094 (or "tenant")'
+                             if where == "vlan" else "must be a VLAN id, an integer from 0 to 4094")
     return value
+
+
+TENANT_VLAN = "tenant"
+
+
+def _vlan(raw: dict[str, Any]) -> int | None:
+    """`vlan`: an id, absent, or "tenant" (the pod's tenant's VLAN, resolved by the policy)."""
+    value = raw.get("vlan")
+    if value is None or value == TENANT_VLAN:
+        return None
+    return _vlan_id("vlan", value)
 
 
 def parse_trunk(value: Any) -> tuple[int, ...]:
@@ -224,7 +236,7 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
             )
         ovs = OvsPortSettings(
             bridge=bridge,
-            vlan=_vlan_id("vlan", raw["vlan"]) if raw.get("vlan") is not None else None,
+            vlan=_vlan(raw),
             trunks=parse_trunk(raw.get("trunk")),
             mtu=_int_field(raw, "mtu", 68, 65535),
             ofport_request=_int_field(raw, "ofport_request", 1, 65279),
@@ -297,15 +309,16 @@ def _vf_settings(conf: NetConf) -> VfSettings:
     if dev is None and not pfs:
         raise CniError(Code.INVALID_CONFIG, "invalid network config: mode sriov needs deviceID "
                        "(or Multus's pciBusID / runtimeConfig.deviceID), or pf/pfs to pick a free VF from")
-    vlan = _vlan_id("vlan", raw["vlan"]) if raw.get("vlan") is not None else 0
+    vlan = _vlan(raw) or 0
+    deferred = raw.get("vlan") == TENANT_VLAN  # filled in by the tenancy policy
     qos = _int_field(raw, "vlanQoS", 0, 7) or 0
-    if qos and not vlan:
+    if qos and not (vlan or deferred):
         raise invalid_config("vlanQoS", qos, "needs a non-zero vlan")
     proto = raw.get("vlanProto", "802.1q")
     if proto not in ("802.1q", "802.1Q", "802.1ad", "802.1AD"):
         raise invalid_config("vlanProto", proto, 'must be "802.1q" or "802.1ad"')
     proto = proto.lower()
-    if proto == "802.1ad" and not vlan:
+    if proto == "802.1ad" and not (vlan or deferred):
         raise invalid_config("vlanProto", proto, "needs a non-zero vlan")
     link_state = raw.get("link_state")
     if link_state is not None and link_state not in ("auto", "enable", "disable"):

@@ -123,6 +123,7 @@ class PluginRunner:
     lab: Lab
     extra_env: dict[str, str] = field(default_factory=dict)
     cleanups: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
+    attempts: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
 
     def conf(self, **overrides: Any) -> dict[str, Any]:
         base: dict[str, Any] = {
@@ -160,6 +161,8 @@ class PluginRunner:
         return env
 
     def raw(self, env: dict[str, str], stdin: bytes | str, timeout: float = 60) -> Invocation:
+        if env.get("CNI_COMMAND") == "ADD":
+            self.attempts.append(({}, env.get("CNI_CONTAINERID", ""), env.get("CNI_IFNAME", "")))
         data = stdin.encode() if isinstance(stdin, str) else stdin
         proc = subprocess.run([PLUGIN], input=data, env=env, capture_output=True, timeout=timeout,
                               check=False)
@@ -193,16 +196,18 @@ def plugin(lab: Lab) -> Iterator[PluginRunner]:
 
 
 @pytest.fixture
-def no_leftovers(lab: Lab) -> Iterator[None]:
-    """Assert that a test leaves no port, record, allocation or tn* link of ours behind."""
-    before_links = _tn_links()
+def no_leftovers(lab: Lab, plugin: PluginRunner) -> Iterator[None]:
+    """Assert that a test leaves no port, record, allocation or host link of ours behind.
+
+    Host links are checked by the names this test's attachments would have, not by a
+    before/after diff: other test runs on the machine create tn* links of their own.
+    """
     yield
+    from tenantnet.drivers.ovs import host_ifname
+
     assert lab.owned_ports() == [], "OVS ports left behind"
     assert lab.records() == [], "attachment records left behind"
     assert lab.allocations() == [], "IP allocations left behind"
-    assert _tn_links() - before_links == set(), "host links left behind"
-
-
-def _tn_links() -> set[str]:
-    out = subprocess.run(["ip", "-br", "link"], capture_output=True, text=True, check=True).stdout
-    return {line.split()[0].split("@")[0] for line in out.splitlines() if line.startswith("tn")}
+    ours = {host_ifname(cid, ifname) for _, cid, ifname in plugin.attempts}
+    left = {name for name in ours if os.path.exists(f"/sys/class/net/{name}")}
+    assert left == set(), "host links left behind"

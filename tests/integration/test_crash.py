@@ -48,6 +48,7 @@ def test_sigkill_at_random_instants(lab, plugin, netns_factory, no_leftovers):
         ns = netns_factory()
         cid = new_cid()
         env = plugin.env("ADD", cid, ns.path, "net1")
+        plugin.attempts.append((conf, cid, "net1"))
         proc = subprocess.Popen([PLUGIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, env=env)
         assert proc.stdin is not None
