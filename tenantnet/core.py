@@ -23,7 +23,7 @@ from cni.errors import CniError, Code
 from cni.log import get as get_log
 from cni.netconf import NetConf, parse_netconf, valid_attachments
 from cni.result import DNS, Interface, IPConfig, Result, Route
-from tenantnet import ipam_client, tenancy
+from tenantnet import devinfo, ipam_client, tenancy
 from tenantnet import netconf as tnconf
 from tenantnet.config import NodeConfig
 from tenantnet.drivers import base as drivers
@@ -124,6 +124,9 @@ class Plugin:
         try:
             attached = driver.attach(record, tconf)
             _fault("after-attach")
+            devinfo_path = conf.runtime("CNIDeviceInfoFile")
+            if devinfo_path and attached.device_info:
+                devinfo.write(devinfo_path, attached.device_info)
             ipam_result = Result()
             if tconf.ipam_type:
                 got = ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "ADD"), conf.raw)

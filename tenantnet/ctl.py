@@ -4,6 +4,7 @@
     tenantnetctl attach|check|detach ...     run the plugin as kubelet/Multus would
     tenantnetctl gc|status --config NAD      the CNI GC / STATUS verbs for one network
     tenantnetctl ls                          attachment records on this node
+    tenantnetctl pod up|down POD.yaml ...    a pod's networks, attached as Multus would
     tenantnetctl policy show|check           the tenancy policy
     tenantnetctl ipam ...                    tenantnet-ipam's address store
 """
@@ -165,6 +166,101 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pod(args: argparse.Namespace) -> int:
+    """`pod up|down`: a pod's secondary networks, attached and removed as Multus would."""
+    from tenantnet import multus
+    from tenantnet.harness import Pod
+
+    try:
+        spec = multus.load_pod(args.pod_file)
+        harness = _harness(args)
+        pod = Pod(spec.namespace, spec.name)
+        state_file = harness.root / "multus" / f"{spec.namespace}_{spec.name}.json"
+        if args.pod_command == "down":
+            return _pod_down(harness, pod, state_file)
+        text = spec.annotations.get(multus.NETWORKS)
+        if not text:
+            raise multus.MultusError(f"pod {spec.namespace}/{spec.name} has no {multus.NETWORKS} annotation")
+        selections = multus.parse_selections(text, spec.namespace)
+        devices = {}
+        for item in args.devices or []:
+            resource, sep, pcis = item.partition("=")
+            if not sep or not pcis:
+                raise multus.MultusError(f"--devices {item!r}: expected RESOURCE=PCI[,PCI…]")
+            devices[resource] = [p for p in pcis.split(",") if p]
+        delegates = multus.plan_delegates(spec, selections, multus.load_nads(args.nad), devices,
+                                          pod.container_id, pod.uid, str(harness.root / "devinfo"))
+    except (multus.MultusError, OSError) as exc:
+        print(f"tenantnetctl pod {args.pod_command}: {exc}", file=sys.stderr)
+        return 2
+    if state_file.exists():
+        print(f"tenantnetctl pod up: pod {spec.namespace}/{spec.name} is already up (pod down first)",
+              file=sys.stderr)
+        return 2
+    created = harness.ensure_netns(pod)
+    done: list[dict[str, Any]] = []
+    statuses = []
+    for delegate, sel in zip(delegates, selections, strict=True):
+        code, out = harness.invoke("ADD", delegate.conf, pod, delegate.ifname, cni_args=delegate.cni_args)
+        if code != 0:
+            print(f"tenantnetctl pod up: {delegate.nad.namespace}/{delegate.nad.name} ({delegate.ifname}) "
+                  f"failed: {out}", file=sys.stderr)
+            # Multus unwinds: DEL the failed one and everything attached before it, in reverse.
+            harness.invoke("DEL", delegate.conf, pod, delegate.ifname, cni_args=delegate.cni_args)
+            for prior in reversed(done):
+                harness.invoke("DEL", {**prior["conf"], "prevResult": prior["result"]}, pod,
+                               prior["ifname"], cni_args=prior["cniArgs"])
+                _remove_devinfo(prior.get("devinfo"))
+            _remove_devinfo(delegate.devinfo_file)
+            if created:
+                harness.remove_netns_if_unused(pod)
+            return 1
+        result = json.loads(out)
+        done.append({"nad": f"{delegate.nad.namespace}/{delegate.nad.name}", "ifname": delegate.ifname,
+                     "conf": delegate.conf, "cniArgs": delegate.cni_args, "result": result,
+                     "devinfo": delegate.devinfo_file})
+        statuses.append(multus.network_status(delegate, result, sel.default_route))
+    state_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    state_file.write_text(json.dumps({"netns": pod.netns_path, "created": created, "attachments": done}))
+    print(json.dumps(statuses, indent=2))
+    return 0
+
+
+def _remove_devinfo(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _pod_down(harness: Any, pod: Any, state_file: Any) -> int:
+    try:
+        state = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        print(f"tenantnetctl pod down: pod {pod.namespace}/{pod.name} is not up", file=sys.stderr)
+        return 2
+    netns = pod.netns_path if os.path.exists(pod.netns_path) else ""
+    failed = 0
+    for att in reversed(state["attachments"]):  # Multus deletes in reverse order
+        code, out = harness.invoke("DEL", {**att["conf"], "prevResult": att["result"]}, pod, att["ifname"],
+                                   netns=netns, cni_args=att["cniArgs"])
+        if code != 0:
+            failed += 1
+            print(f"tenantnetctl pod down: DEL {att['nad']} ({att['ifname']}) failed: {out}", file=sys.stderr)
+        _remove_devinfo(att.get("devinfo"))
+    if failed:
+        return 1
+    state_file.unlink()
+    if state.get("created") and os.path.exists(pod.netns_path):
+        import subprocess
+
+        subprocess.run(["ip", "netns", "delete", pod.netns_name], capture_output=True, check=False)
+        (harness.root / "pods" / pod.netns_name).unlink(missing_ok=True)
+    print(f"pod {pod.namespace}/{pod.name} is down: {len(state['attachments'])} attachments deleted")
+    return 0
+
+
 def cmd_policy(args: argparse.Namespace) -> int:
     from cni.env import parse_env
     from cni.errors import CniError
@@ -275,6 +371,20 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--config", required=True, metavar="NAD", help="network config file")
         p.set_defaults(func=cmd_network_verb)
 
+    p_pod = sub.add_parser("pod", help="a pod's secondary networks, as Multus would attach them")
+    pod_sub = p_pod.add_subparsers(dest="pod_command", required=True, metavar="up|down")
+    p = pod_sub.add_parser("up", help="attach every network of the pod's networks annotation; print "
+                                      "the network-status Multus would write")
+    p.add_argument("pod_file", metavar="POD.yaml")
+    p.add_argument("--nad", action="append", required=True, metavar="NAD.yaml",
+                   help="NetworkAttachmentDefinition file(s) (repeatable; multi-document YAML is fine)")
+    p.add_argument("--devices", action="append", metavar="RESOURCE=PCI,PCI",
+                   help="device-plugin stand-in: VFs handed to NADs with that resourceName, in order")
+    p.set_defaults(func=cmd_pod)
+    p = pod_sub.add_parser("down", help="delete the pod's attachments in reverse order")
+    p.add_argument("pod_file", metavar="POD.yaml")
+    p.set_defaults(func=cmd_pod)
+
     p_pol = sub.add_parser("policy", help="the tenancy policy: show it, or explain a decision")
     pol_sub = p_pol.add_subparsers(dest="policy_command", required=True, metavar="show|check")
     p = pol_sub.add_parser("show", help="tenants, their namespaces and segments")
@@ -291,8 +401,10 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.set_defaults(func=cmd_ls)
 
     from ipam import cli as ipam_cli
+    from tenantnet import install
 
     ipam_cli.register(sub)
+    install.register(sub)
     return parser
 
 

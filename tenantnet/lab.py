@@ -9,6 +9,7 @@ every trace: pod namespaces made by the harness, leftover links of ours, both da
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
@@ -143,8 +144,13 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
             from tenantnet.lab_nic import LabNic
             from tenantnet.simnic import connectx_pf
 
-            LabNic(root).create([connectx_pf("lpf0", vfs=vfs, dpdk_vfs=range(vfs - dpdk_vfs, vfs))],
-                                lambda *a: vsctl(root, *a), refuse)
+            pf = connectx_pf("lpf0", vfs=vfs, dpdk_vfs=range(vfs - dpdk_vfs, vfs))
+            # VF netdevs are real links, named per lab so that two labs never collide.
+            tag = "t" + hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:5]
+            for index, vf in enumerate(pf.vfs):
+                if vf.netdev:
+                    vf.netdev = f"{tag}v{index}"
+            LabNic(root).create([pf], lambda *a: vsctl(root, *a), refuse)
     except (LabError, OSError, subprocess.CalledProcessError):
         down(root)
         raise

@@ -32,6 +32,8 @@ class Attached:
     # False when there is no kernel netdev in the pod (a VF bound to vfio-pci for DPDK):
     # addresses are then allocated and reported but configured by the workload itself.
     has_netdev: bool = True
+    # The NPWG device-info "pci" fields (pci-address, pf-pci-address, rdma-device, …).
+    device_info: dict[str, str] | None = None
 
 
 class Driver(ABC):

@@ -182,8 +182,12 @@ class SriovDriver(Driver):
         except VfAttributeRefused as exc:
             raise CniError(Code.UNSUPPORTED_FIELD,
                            f"unsupported field: {exc.attribute}: the NIC refused it: {exc}") from None
+        info = {"pci-address": plan["deviceID"], "pf-pci-address": plan["pfAddress"]}
+        if plan.get("rdma"):
+            info["rdma-device"] = plan["rdma"]
         if plan["dpdk"]:
-            return Attached(host=None, pod_ifname=record.ifname, pci_id=plan["deviceID"], has_netdev=False)
+            return Attached(host=None, pod_ifname=record.ifname, pci_id=plan["deviceID"], has_netdev=False,
+                            device_info=info)
         name = plan["original"]["netdev"]["name"]
         record.mark(STEP_NETDEV)
         netlink.move_to_netns(name, record.netns)
@@ -194,7 +198,7 @@ class SriovDriver(Driver):
             raise CniError(Code.INVALID_ENV,
                            f"invalid CNI_IFNAME={record.ifname!r}: an interface of that name already "
                            f"exists in {record.netns}") from None
-        return Attached(host=None, pod_ifname=record.ifname, pci_id=plan["deviceID"])
+        return Attached(host=None, pod_ifname=record.ifname, pci_id=plan["deviceID"], device_info=info)
 
     def detach(self, record: AttachmentRecord) -> None:
         plan = record.plan

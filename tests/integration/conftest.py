@@ -79,6 +79,18 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         labmod.down(info.root)
 
 
+@pytest.fixture(scope="session")
+def nic_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A second lab with a simulated SR-IOV NIC: 6 VFs, the last bound to vfio-pci (DPDK)."""
+    root = tmp_path_factory.mktemp("niclab")
+    info = labmod.up(str(root / "run"), vfs=6, dpdk_vfs=1)
+    try:
+        yield Lab(root=Path(info.root), node_config=Path(info.node_config), state_dir=Path(info.state_dir),
+                  ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=root / "host-local")
+    finally:
+        labmod.down(info.root)
+
+
 @dataclass
 class Netns:
     name: str

@@ -9,22 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tenantnet import lab as labmod
 from tenantnet.lab_nic import LabNic, LabVfControl
-from tests.integration.conftest import PLUGIN, Lab, PluginRunner, new_cid
-
-VFS = 6  # the last one is bound to vfio-pci (DPDK)
-
-
-@pytest.fixture(scope="session")
-def nic_lab(tmp_path_factory):
-    root = tmp_path_factory.mktemp("niclab")
-    info = labmod.up(str(root / "run"), vfs=VFS, dpdk_vfs=1)
-    try:
-        yield Lab(root=Path(info.root), node_config=Path(info.node_config), state_dir=Path(info.state_dir),
-                  ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=root / "host-local")
-    finally:
-        labmod.down(info.root)
+from tests.integration.conftest import PLUGIN, PluginRunner, new_cid
 
 
 @pytest.fixture

@@ -1,0 +1,128 @@
+"""The Multus-style harness against the lab: three networks, network-status, device-info."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tenantnet.harness import Pod
+
+CTL = str(Path(sys.executable).parent / "tenantnetctl")
+
+NADS = """
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: rail-ovs, namespace: ml}
+spec:
+  config: '{"cniVersion": "1.0.0", "type": "tenantnet", "bridge": "br-lab", "vlan": 100, "mtu": 1400,
+            "capabilities": {"mac": true, "ips": true},
+            "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.81.0.0/24"}]], "dataDir": "IPAM"}}'
+---
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata:
+  name: rail-vf
+  namespace: ml
+  annotations: {k8s.v1.cni.cncf.io/resourceName: nvidia.com/rail0}
+spec:
+  config: '{"cniVersion": "1.0.0", "type": "tenantnet", "vlan": 200,
+            "capabilities": {"deviceID": true, "CNIDeviceInfoFile": true},
+            "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.82.0.0/24"}]], "dataDir": "IPAM"}}'
+---
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: storage, namespace: ml}
+spec:
+  config: '{"cniVersion": "1.0.0", "type": "tenantnet", "bridge": "br-lab", "vlan": 300,
+            "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.83.0.0/24"}]], "dataDir": "IPAM"}}'
+"""
+
+POD = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer-0
+  namespace: ml
+  annotations:
+    k8s.v1.cni.cncf.io/networks: ANNOTATION
+"""
+
+
+def ctl(node, *args):
+    return subprocess.run([CTL, "--node-config", str(node), *args], capture_output=True, text=True)
+
+
+def files(tmp_path, annotation):
+    nad = tmp_path / "nads.yaml"
+    nad.write_text(NADS.replace("IPAM", str(tmp_path / "ipam")))
+    pod = tmp_path / "pod.yaml"
+    pod.write_text(POD.replace("ANNOTATION", json.dumps(annotation)))
+    return nad, pod
+
+
+def test_three_networks_status_and_device_info(nic_lab, tmp_path):
+    vf = json.loads(ctl(nic_lab.node_config, "lab", "status", "--dir", str(nic_lab.root), "--json").stdout)
+    vf_address = vf["nics"][0]["vfs"][2]["address"]
+    annotation = json.dumps([{"name": "rail-ovs", "mac": "02:81:00:00:00:07", "ips": ["10.81.0.50/24"]},
+                             {"name": "rail-vf"}, {"name": "storage", "namespace": "ml"}])
+    nad, pod = files(tmp_path, annotation)
+    up = ctl(nic_lab.node_config, "pod", "up", str(pod), "--nad", str(nad),
+             "--devices", f"nvidia.com/rail0={vf_address}")
+    assert up.returncode == 0, up.stderr
+    status = json.loads(up.stdout)
+    assert [s["name"] for s in status] == ["ml/rail-ovs", "ml/rail-vf", "ml/storage"]
+    assert [s["interface"] for s in status] == ["net1", "net2", "net3"]
+    assert status[0]["ips"] == ["10.81.0.50"] and status[0]["mac"] == "02:81:00:00:00:07"
+    assert status[1]["ips"][0].startswith("10.82.0.") and status[2]["ips"][0].startswith("10.83.0.")
+    assert all("/" not in ip for s in status for ip in s["ips"]) and all(s["dns"] == {} for s in status)
+    info = status[1]["device-info"]
+    assert info["type"] == "pci" and info["version"] == "1.1.0"
+    assert info["pci"]["pci-address"] == vf_address and info["pci"]["pf-pci-address"] == "0000:3b:00.0"
+    assert info["pci"]["rdma-device"].startswith("mlx5_")
+    p = Pod("ml", "trainer-0")
+    links = subprocess.run(["ip", "-n", p.netns_name, "-br", "link"], capture_output=True, text=True).stdout
+    assert all(f"net{i}" in links for i in (1, 2, 3))
+    down = ctl(nic_lab.node_config, "pod", "down", str(pod))
+    assert down.returncode == 0, down.stderr
+    assert not Path(p.netns_path).exists()
+    assert nic_lab.owned_ports() == [] and nic_lab.records() == []
+    assert list((nic_lab.state_dir / "harness" / "devinfo").glob("*")) == []
+    left = ctl(nic_lab.node_config, "ipam", "ls", "--data-dir", str(tmp_path / "ipam"), "--json")
+    assert json.loads(left.stdout) == []
+
+
+def test_short_form_and_unwinding_on_failure(nic_lab, tmp_path):
+    # The third network names a NAD whose bridge does not exist: Multus-style unwinding must
+    # remove the first two and the pod namespace.
+    nad, pod = files(tmp_path, "ml/rail-ovs@net5, storage, broken")
+    broken = ('\n---\napiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\n'
+              'metadata: {name: broken, namespace: ml}\nspec:\n  config: \'{"cniVersion": "1.0.0", '
+              '"type": "tenantnet", "bridge": "br-nowhere", "vlan": 9}\'\n')
+    nad.write_text(nad.read_text() + broken)
+    up = ctl(nic_lab.node_config, "pod", "up", str(pod), "--nad", str(nad))
+    assert up.returncode == 1 and "ml/broken (net3) failed" in up.stderr and "br-nowhere" in up.stderr
+    assert not Path(Pod("ml", "trainer-0").netns_path).exists()
+    assert nic_lab.owned_ports() == [] and nic_lab.records() == []
+
+
+def test_device_info_file_is_merged_and_written_atomically(tmp_path):
+    from tenantnet import devinfo
+
+    path = tmp_path / "devinfo" / "ns-nad-cid_net1"
+    path.parent.mkdir()
+    path.write_text(json.dumps({"type": "pci", "version": "1.0.0", "pci": {"pci-address": "old"},
+                                "extra": "kept"}))
+    doc = devinfo.write(str(path), {"pci-address": "0000:3b:00.2", "pf-pci-address": "0000:3b:00.0"})
+    assert json.loads(path.read_text()) == doc
+    assert doc == {"type": "pci", "version": "1.1.0", "extra": "kept",
+                   "pci": {"pci-address": "0000:3b:00.2", "pf-pci-address": "0000:3b:00.0"}}
+    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
+    import pytest
+
+    from cni.errors import CniError
+
+    with pytest.raises(CniError) as err:
+        devinfo.write(str(tmp_path / "a" / ".." / "b"), {})
+    assert err.value.code == 7 and "CNIDeviceInfoFile" in err.value.msg
