@@ -24,7 +24,7 @@ demo: deps venv
 	@bash scripts/demo.sh
 
 lint: venv
-	$(VENV)/bin/ruff check cni ipam tenantnet tests bench
+	$(VENV)/bin/ruff check cni ipam tenantnet tests bench packaging
 
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit
@@ -34,7 +34,7 @@ integration: deps venv
 
 # pytest exits 5 when it ran no test: that is a failure here too (no `|| true`).
 test: deps venv lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit tests/integration
+	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit tests/integration tests/e2e
 
 bench: deps venv
 	$(PY) bench/bench_ovs.py --out docs/benchmarks.md

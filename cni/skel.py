@@ -38,6 +38,8 @@ def run(
         out = handler(env, raw)
         return 0, json.dumps(out) if out is not None else ""
     except CniError as err:
+        if not raw:
+            raw = _peek(stdin)  # env errors come before stdin is read: answer in its version
         return 1, json.dumps(err.to_dict(config_version(raw)))
     except Exception as exc:  # noqa: BLE001 - the one place a bug is turned into code 100
         if on_unexpected is not None:
@@ -45,6 +47,13 @@ def run(
         err = CniError(Code.INTERNAL, f"internal error: {type(exc).__name__}: {exc}",
                        "see the tenantnet log file for the traceback")
         return 1, json.dumps(err.to_dict(config_version(raw)))
+
+
+def _peek(stdin: bytes) -> dict[str, Any]:
+    try:
+        return decode_json(stdin)
+    except CniError:
+        return {}
 
 
 def main(handler: Handler, on_unexpected: Callable[[BaseException], None] | None = None,

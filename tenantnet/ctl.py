@@ -147,7 +147,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             continue
         ips = [ip["address"] for ip in (rec.result or {}).get("ips", [])]
         rows.append({
-            "network": rec.network, "pod": f"{rec.pod.namespace}/{rec.pod.name}",
+            "network": rec.network,
+            "pod": "/".join(p for p in (rec.pod.namespace, rec.pod.name) if p) or "-",
             "containerID": rec.container_id, "ifname": rec.ifname, "mode": rec.mode,
             "phase": rec.phase, "hostIfname": rec.plan.get("hostIfname") or rec.plan.get("deviceID", ""),
             "bridge": rec.plan.get("bridge", ""), "vlan": rec.plan.get("vlan"), "ips": ips,

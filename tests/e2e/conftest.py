@@ -68,7 +68,7 @@ def _fail_unless_usable() -> None:
     if os.geteuid() != 0:
         problems.append("must run as root (podman with the CNI backend, OVS lab, network namespaces)")
     for tool in ("podman", "runc", "conmon", "ovs-vsctl"):
-        if not shutil.which(tool) and not Path(f"/usr/bin/{tool}").exists():
+        if not shutil.which(tool):
             problems.append(f"{tool} is not installed (bash scripts/install-deps.sh)")
     if not Path(BUSYBOX).exists():
         problems.append(f"{BUSYBOX} is missing (apt-get install busybox-static)")
@@ -263,7 +263,7 @@ def _write_configs(root: Path, lab: labmod.LabInfo, network: str, ipam_dir: Path
         f"runroot = {q(str(root / 'storage' / 'run'))}\n"
     )
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("CONTAINERS_", "CNI_", "TENANTNET_", "REGISTRY_AUTH_FILE"))}
+           if not k.startswith(("CONTAINERS_", "CNI_", "TENANTNET_"))}
     env.update(CONTAINERS_CONF=str(root / "containers.conf"),
                CONTAINERS_STORAGE_CONF=str(root / "storage.conf"), TMPDIR=str(tmp))
     return env

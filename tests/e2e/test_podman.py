@@ -9,12 +9,13 @@ that VERSION works as libcni expects.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 
 from tests.e2e.conftest import IFNAME, SUBNET, VLAN, Container, Podman, link_exists, parse_ip_addr, wait_until
 
 
-def _single_address(podman: Podman, c: Container):
+def _single_address(podman: Podman, c: Container) -> ipaddress.IPv4Interface:
     found = podman.addresses(c.name)
     assert IFNAME in found, f"{c.name}: no IPv4 address on {IFNAME}: {found}\n{podman.diagnostics()}"
     (addr,) = found[IFNAME]
@@ -22,7 +23,7 @@ def _single_address(podman: Podman, c: Container):
     return addr
 
 
-def _assert_attached(podman: Podman, c: Container, addr) -> None:
+def _assert_attached(podman: Podman, c: Container, addr: ipaddress.IPv4Interface) -> None:
     """What tenantnet, the lab's OVS and the IPAM store show for a running container."""
     records = [r for r in podman.attachments() if r["containerID"] == c.id]
     assert len(records) == 1, f"tenantnetctl ls shows {records} for {c.name}"

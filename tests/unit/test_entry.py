@@ -66,3 +66,9 @@ def test_executable_reports_bad_node_config_as_cni_error(tmp_path):
                           env=env, capture_output=True, check=False)
     err = json.loads(proc.stdout)
     assert proc.returncode == 1 and err["code"] == 7 and str(bad) in err["msg"]
+
+
+def test_env_error_is_written_in_the_configs_version():
+    code, out = skel.run(lambda e, r: None, {"CNI_COMMAND": "DEL"}, b'{"cniVersion": "1.0.0"}')
+    err = json.loads(out)
+    assert code == 1 and err["code"] == 4 and err["cniVersion"] == "1.0.0"
