@@ -3,6 +3,8 @@ VENV    := .venv
 PY      := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 PYTHON  ?= python3
+SHELL   := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
 
 .PHONY: all deps venv demo test unit integration lint bench clean
 
@@ -39,6 +41,7 @@ test: deps venv lint
 bench: deps venv
 	$(PY) bench/bench_ovs.py --out docs/benchmarks.md
 	$(PY) bench/bench_sriov.py --out docs/benchmarks.md
+	$(PY) bench/bench_ipam.py | $(PY) -m bench.common bench_ipam docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

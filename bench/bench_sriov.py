@@ -15,13 +15,12 @@ import os
 import subprocess
 import sys
 import tempfile
-import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import exec_plugin, machine_line, summary, table, write_block  # noqa: E402
+from bench.common import interleaved, machine_line, summary, table, write_block  # noqa: E402
 from tenantnet import lab  # noqa: E402
 
 PLUGIN = str(Path(sys.executable).parent / "tenantnet")
@@ -52,24 +51,9 @@ def main() -> None:
     subprocess.run(["ip", "link", "add", "tnbhd0", "type", "veth", "peer", "name", "tnbhd0p"], check=True)
     go = {"cniVersion": "1.0.0", "name": "bench-hd", "type": "host-device", "device": "tnbhd0",
           "ipam": ipam("10.204.0.0/16")}
-    times: dict[str, list[float]] = {"ours-add": [], "ours-del": [], "go-add": [], "go-del": []}
-    netns: list[str] = []
     try:
-        for i in range(args.count):
-            for who, cmd, conf in (("ours", PLUGIN, ours), ("go", GO_HOST_DEVICE, go)):
-                name = f"tnb-{uuid.uuid4().hex[:8]}"
-                subprocess.run(["ip", "netns", "add", name], check=True)
-                netns.append(name)
-                env = {**base_env, "CNI_CONTAINERID": uuid.uuid4().hex, "CNI_NETNS": f"/run/netns/{name}"}
-                times[f"{who}-add"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "ADD"}, conf))
-                times[f"{who}-del"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "DEL"}, conf))
-                subprocess.run(["ip", "netns", "delete", name], check=True)
-                netns.remove(name)
-            print(f"\r{i + 1}/{args.count}", end="", file=sys.stderr, flush=True)
-        print(file=sys.stderr)
+        times = interleaved([("ours", PLUGIN, ours), ("go", GO_HOST_DEVICE, go)], base_env, args.count)
     finally:
-        for name in netns:
-            subprocess.run(["ip", "netns", "delete", name], check=False)
         subprocess.run(["ip", "link", "delete", "tnbhd0"], capture_output=True, check=False)
         lab.down(info.root)
         subprocess.run(["rm", "-rf", str(work)], check=False)

@@ -21,6 +21,35 @@ def exec_plugin(cmd: str, env: dict[str, str], conf: dict) -> float:
     return elapsed
 
 
+def interleaved(plugins: list[tuple[str, str, dict]], base_env: dict[str, str],
+                count: int) -> dict[str, list[float]]:
+    """ADD then DEL of one attachment per plugin per round, each in a fresh netns (made and
+    removed outside the timing), rounds interleaved so that machine noise hits all alike.
+    Returns "<who>-add" / "<who>-del" → wall times in ms."""
+    import sys
+    import uuid
+
+    times: dict[str, list[float]] = {f"{who}-{v}": [] for who, _, _ in plugins for v in ("add", "del")}
+    netns: list[str] = []
+    try:
+        for i in range(count):
+            for who, cmd, conf in plugins:
+                name = f"tnb-{uuid.uuid4().hex[:8]}"
+                subprocess.run(["ip", "netns", "add", name], check=True)
+                netns.append(name)
+                env = {**base_env, "CNI_CONTAINERID": uuid.uuid4().hex, "CNI_NETNS": f"/run/netns/{name}"}
+                times[f"{who}-add"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "ADD"}, conf))
+                times[f"{who}-del"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "DEL"}, conf))
+                subprocess.run(["ip", "netns", "delete", name], check=True)
+                netns.remove(name)
+            print(f"\r{i + 1}/{count}", end="", file=sys.stderr, flush=True)
+        print(file=sys.stderr)
+    finally:
+        for name in netns:
+            subprocess.run(["ip", "netns", "delete", name], check=False)
+    return times
+
+
 def summary(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
     return {"median": statistics.median(ordered), "p90": ordered[int(0.9 * (len(ordered) - 1))]}
@@ -55,3 +84,10 @@ def write_block(out: str | None, name: str, lines: list[str]) -> None:
     else:
         text = text.rstrip() + "\n\n" + block + "\n"
     path.write_text(text)
+
+
+if __name__ == "__main__":
+    # `bench_x.py | python -m bench.common NAME OUT`: put a script's markdown between markers.
+    import sys
+
+    write_block(sys.argv[2], sys.argv[1], sys.stdin.read().rstrip("\n").splitlines())

@@ -37,6 +37,7 @@ A=$(addr a); B=$(addr b); C=$(addr c)
 bold "OVS ports (tag = VLAN), as ovs-vsctl sees them"
 ovs-vsctl --db=unix:$LAB/db.sock --columns=name,tag,external_ids find Port \
   external_ids:tenantnet-owner=tenantnet | grep -E '^(name|tag)' | paste - - | sed 's/  */ /g'
+PORTS=$(ovs-vsctl --db=unix:$LAB/db.sock --bare --columns=name find Port external_ids:tenantnet-owner=tenantnet)
 
 bold "reachability (real ICMP through the lab OVS)"
 probe() {  # from to-addr expectation
@@ -57,7 +58,9 @@ $CTL check --config $V200 --pod demo/c --ifname net1 | head -1
 trap - EXIT
 cleanup
 bold "what is left behind"
-left=$(ip -br link | awk '$1 ~ /^tn/' | wc -l)
-echo "  tenantnet links left: $left; pod namespaces left: $(ip netns list | grep -c '^tnpod_' || true)"
-[ "$left" -eq 0 ] || failures=$((failures+1))
+left=0
+for port in $PORTS; do [ -e "/sys/class/net/$port" ] && left=$((left+1)); done
+pods_left=$(ip netns list | grep -c '^tnpod_demo_' || true)
+echo "  host links of the demo's attachments left: $left; demo pod namespaces left: $pods_left"
+[ "$left" -eq 0 ] && [ "$pods_left" -eq 0 ] || failures=$((failures+1))
 if [ "$failures" -eq 0 ]; then bold "demo passed"; else bold "demo FAILED ($failures problems)"; exit 1; fi

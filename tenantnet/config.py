@@ -8,7 +8,7 @@ OVS or state goes to the wrong place.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cni.errors import CniError, Code
@@ -17,6 +17,8 @@ from cni.log import DEFAULT_LOG_FILE, level_number
 DEFAULT_PATH = "/etc/tenantnet/tenantnet.yaml"
 DEFAULT_OVSDB = "unix:/var/run/openvswitch/db.sock"
 DEFAULT_STATE_DIR = "/var/lib/tenantnet"
+DEFAULT_AGENT_SOCKET = "/run/tenantnet/agent.sock"
+PRECONDITIONS = {"eswitchSwitchdev": "warn", "hwTcOffload": "warn", "ovsHwOffload": "warn"}
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,10 @@ class NodeConfig:
     vf_control: str = "netlink"
     tenancy: dict[str, Any] | None = None  # inline tenancy policy (tenantnet/tenancy.py)
     tenancy_file: str | None = None
+    # Where `tenantnetctl agent run` listens and the `tenantnet` shim connects (docs/agent.md).
+    agent_socket: str = DEFAULT_AGENT_SOCKET
+    # Mode ovs-offload preconditions: "warn" (default) or "refuse", per precondition.
+    offload_preconditions: dict[str, str] = field(default_factory=lambda: dict(PRECONDITIONS))
     source: str = "(defaults)"
 
 
@@ -46,7 +52,13 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "vfControl": ("vf_control", str, "netlink, or lab:/path/of/the/lab (the lab's simulated NIC)"),
     "tenancy": ("tenancy", dict, "a mapping with tenants (see docs/tenancy.md)"),
     "tenancyFile": ("tenancy_file", str, "an absolute path of a YAML file with the tenancy policy"),
+    "agentSocket": ("agent_socket", str, "an absolute path of the agent's unix socket"),
+    "offloadPreconditions": ("offload_preconditions", dict,
+                             "a mapping of eswitchSwitchdev, hwTcOffload, ovsHwOffload to warn or refuse"),
 }
+
+
+_PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket")
 
 
 def normalise_ovsdb_endpoint(value: str) -> str | None:
@@ -107,8 +119,13 @@ def load(path: str | None = None) -> NodeConfig:
                 raise _bad(path, key, data[key], allowed)
         elif key == "vfControl" and not (value == "netlink" or value.startswith("lab:/")):
             raise _bad(path, key, value, allowed)
-        elif key in ("stateDir", "logFile", "sysfsRoot", "tenancyFile") and not value.startswith("/"):
+        elif key in _PATH_KEYS and not value.startswith("/"):
             raise _bad(path, key, value, allowed)
+        elif key == "offloadPreconditions":
+            known = set(value) <= set(PRECONDITIONS)
+            if not known or not all(v in ("warn", "refuse") for v in value.values()):
+                raise _bad(path, key, value, allowed)
+            value = {**PRECONDITIONS, **value}
         elif key == "logLevel":
             try:
                 level_number(value)

@@ -253,7 +253,15 @@ class Plugin:
         driver = drivers.for_mode(record.mode, self.node)
         try:
             drift = driver.check(record, tconf)
-            drift += self._check_pod(env, conf.prev_result, tconf)
+            if not record.plan.get("dpdk"):  # a DPDK VF has no netdev in the pod to look at
+                drift += self._check_pod(env, conf.prev_result, tconf)
+            if tconf.offload_check:
+                from tenantnet.offload.report import attachment_offload
+
+                summary = attachment_offload(record, self.node)
+                if summary.require_failed():
+                    drift.append("offloadCheck require: the attachment carries traffic and none of its "
+                                 f"active flows is in hardware ({summary.message()})")
             if tconf.ipam_type:
                 ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "CHECK"), conf.raw)
         except CniError:
@@ -350,6 +358,34 @@ class Plugin:
             raise CniError(Code.NOT_AVAILABLE,
                            f"tenantnet is not available: state directory {self.records.root} "
                            f"is not writable: {exc}") from None
+        if raw.get("mode") == "ovs-offload":
+            self._status_offload(raw)
+
+    def _status_offload(self, raw: dict[str, Any]) -> None:
+        """Offload preconditions of the network's PF: 'refuse' ones make STATUS code 50."""
+        from tenantnet.drivers.ovs_offload import OvsOffloadDriver
+        from tenantnet.system.sysfs import SysfsError, find_representor
+
+        try:
+            env = _gc_env(CniEnv(command="STATUS", netns="/"))
+            tconf = tnconf.parse(parse_netconf(raw), env, self.node)
+            driver = OvsOffloadDriver(self.node)
+            assert tconf.vf is not None and tconf.ovs is not None
+            if tconf.vf.device_id:
+                vf = driver.sysfs.vf(tconf.vf.device_id)
+            else:
+                vf = driver.sysfs.vfs_of_pf(driver.sysfs.pf_address(tconf.vf.pfs[0]))[0]
+            misses = driver.preconditions(vf, find_representor(driver.sysfs, vf),
+                                          ovsdb.connect(tconf.ovs.ovsdb or self.node.ovsdb))
+        except (CniError, SysfsError, IndexError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
+            raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: cannot check offload "
+                                               f"preconditions: {getattr(exc, 'msg', exc)}") from None
+        refused = [why for key, why in misses if self.node.offload_preconditions.get(key) == "refuse"]
+        for key, why in misses:
+            self.log.warning("status.offload_precondition", precondition=key, problem=why)
+        if refused:
+            raise CniError(Code.NOT_AVAILABLE, "tenantnet is not available: offload precondition not "
+                                               "met: " + "; ".join(refused))
 
     # ---- helpers ----------------------------------------------------------------------
     def _load(self, network: str, container_id: str, ifname: str) -> AttachmentRecord | None:

@@ -6,6 +6,7 @@
     tenantnetctl ls                          attachment records on this node
     tenantnetctl pod up|down POD.yaml ...    a pod's networks, attached as Multus would
     tenantnetctl policy show|check           the tenancy policy
+    tenantnetctl offload                     which datapath flows run in the NIC, per pod/tenant
     tenantnetctl ipam ...                    tenantnet-ipam's address store
 """
 
@@ -64,14 +65,14 @@ def cmd_lab(args: argparse.Namespace) -> int:
     try:
         if args.lab_command == "up":
             info = lab.up(args.dir, args.bridge, vfs=args.vfs, dpdk_vfs=args.dpdk_vfs,
-                          refuse=args.refuse or [])
+                          refuse=args.refuse or [], switchdev=args.switchdev)
             if args.json:
                 print(json.dumps(lab.as_dict(info), indent=2))
             else:
                 print(f"lab is up in {info.root}: OVS bridge {info.bridge} (userspace datapath)")
                 print(f"ovsdb-server pid {info.ovsdb_server_pid}, ovs-vswitchd pid {info.ovs_vswitchd_pid}")
                 for nic in info.nics:
-                    print(f"simulated SR-IOV NIC: PF {nic['pf']} ({nic['pfAddress']}), "
+                    print(f"simulated SR-IOV NIC ({nic['mode']}): PF {nic['pf']} ({nic['pfAddress']}), "
                           f"{len(nic['vfs'])} VFs: " + ", ".join(v["address"] for v in nic["vfs"]))
                 print(f"node config: {info.node_config}")
                 print(f"  export TENANTNET_CONFIG={info.node_config}")
@@ -342,6 +343,8 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--bridge", default=lab.DEFAULT_BRIDGE, help="OVS bridge to create")
             p.add_argument("--vfs", type=int, default=0, metavar="N",
                            help="also build a simulated SR-IOV NIC (PF lpf0) with N VFs (0-16)")
+            p.add_argument("--switchdev", action="store_true",
+                           help="the simulated NIC in switchdev mode: VF representors for OVS offload")
             p.add_argument("--dpdk-vfs", type=int, default=0, metavar="K",
                            help="bind the last K simulated VFs to vfio-pci (DPDK mode)")
             p.add_argument("--refuse", action="append", metavar="FIELD",
@@ -403,9 +406,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     from ipam import cli as ipam_cli
     from tenantnet import install
+    from tenantnet.offload import cli as offload_cli
 
     ipam_cli.register(sub)
     install.register(sub)
+    offload_cli.register(sub)
     return parser
 
 

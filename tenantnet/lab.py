@@ -114,10 +114,12 @@ def _nics(root: str) -> list[dict[str, Any]]:
 
 
 def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpdk_vfs: int = 0,
-       refuse: list[str] | None = None) -> LabInfo:
+       refuse: list[str] | None = None, switchdev: bool = False) -> LabInfo:
     """Start the lab; with `vfs` > 0 also a simulated SR-IOV NIC (PF `lpf0`) with that many VFs,
-    the last `dpdk_vfs` of them bound to vfio-pci. `refuse` names VF attributes the simulated
-    NIC refuses (e.g. ["rate"]), to see how a NIC without that feature is handled."""
+    the last `dpdk_vfs` of them bound to vfio-pci; `switchdev` puts it in switchdev mode
+    (VF representors, the PF — then named `t<hash>p` — as uplink port of `bridge`). `refuse`
+    names VF attributes the simulated NIC refuses (e.g. ["rate"]), to see how a NIC without
+    that feature is handled."""
     p = _paths(root)
     current = status(root)
     if current.running:
@@ -144,13 +146,20 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
             from tenantnet.lab_nic import LabNic
             from tenantnet.simnic import connectx_pf
 
-            pf = connectx_pf("lpf0", vfs=vfs, dpdk_vfs=range(vfs - dpdk_vfs, vfs))
-            # VF netdevs are real links, named per lab so that two labs never collide.
-            tag = "t" + hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:5]
+            # VF netdevs (and in switchdev mode the PF and representors) are real links,
+            # named per lab so that two labs never collide.
+            digest = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()
+            tag = "t" + digest[:5]
+            pf = connectx_pf(f"{tag}p" if switchdev else "lpf0", vfs=vfs,
+                             dpdk_vfs=range(vfs - dpdk_vfs, vfs))
+            reps: dict[str, dict[int, str]] = {}
+            if switchdev:
+                pf.switch_id = digest[:16]
+                reps[pf.netdev] = {i: f"{tag}r{i}" for i, vf in enumerate(pf.vfs) if vf.netdev}
             for index, vf in enumerate(pf.vfs):
                 if vf.netdev:
                     vf.netdev = f"{tag}v{index}"
-            LabNic(root).create([pf], lambda *a: vsctl(root, *a), refuse)
+            LabNic(root).create([pf], lambda *a: vsctl(root, *a), refuse, reps, bridge)
     except (LabError, OSError, subprocess.CalledProcessError):
         down(root)
         raise

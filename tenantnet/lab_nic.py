@@ -27,7 +27,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tenantnet.simnic import SimPf, write_tree
+from tenantnet.simnic import SimPf, write_representors, write_tree
 from tenantnet.system.vfcontrol import VfAttributeRefused, VfControl, VfState
 
 ESW_BRIDGE = "br-esw0"
@@ -79,22 +79,49 @@ class LabNic:
         except FileNotFoundError:
             return {"bridge": ESW_BRIDGE, "pfs": {}, "refuse": []}
 
-    def create(self, pfs: list[SimPf], vsctl: Any, refuse: list[str] | None = None) -> None:
+    def create(self, pfs: list[SimPf], vsctl: Any, refuse: list[str] | None = None,
+               representors: dict[str, dict[int, str]] | None = None, uplink_bridge: str = "") -> None:
+        """Lay out the NIC. PFs named in `representors` are in switchdev mode: each VF netdev
+        is one end of a veth pair whose other end is its representor, the PF netdev (a real
+        veth too) is the uplink port of `uplink_bridge`; the rest are in legacy mode, their VFs
+        wired to the emulated embedded switch."""
+        representors = representors or {}
         write_tree(self.sysfs_root, pfs)
-        vsctl("--may-exist", "add-br", ESW_BRIDGE, "--", "set", "Bridge", ESW_BRIDGE,
-              "datapath_type=dummy", "external_ids:tenantnet-lab=embedded-switch")
+        if any(pf.netdev not in representors for pf in pfs):
+            vsctl("--may-exist", "add-br", ESW_BRIDGE, "--", "set", "Bridge", ESW_BRIDGE,
+                  "datapath_type=dummy", "external_ids:tenantnet-lab=embedded-switch")
         with self.locked_state() as state:
             state["refuse"] = list(refuse or [])
             for pf in pfs:
-                vfs = {}
+                reps = representors.get(pf.netdev)
+                entry_pf: dict[str, Any] = {"address": pf.address, "mode": "switchdev" if reps else "legacy",
+                                            "hwTcOffload": True, "vfs": {}}
+                if reps is not None:
+                    write_representors(self.sysfs_root, pf, reps)
+                    entry_pf["uplinkPeer"] = f"{pf.netdev}w"[:15]
+                    if not _link_exists(pf.netdev):
+                        _ip("link", "add", pf.netdev, "type", "veth", "peer", "name", entry_pf["uplinkPeer"])
+                    _ip("link", "set", pf.netdev, "up")
+                    if uplink_bridge:
+                        vsctl("--may-exist", "add-port", uplink_bridge, pf.netdev)
                 for index, vf in enumerate(pf.vfs):
                     entry = {"address": vf.address, "netdev": vf.netdev, "driver": vf.driver,
                              "state": INITIAL.to_dict()}
-                    if vf.netdev:
+                    if vf.netdev and reps is not None:
+                        entry["representor"] = reps[index]
+                        self._make_switchdev_pair(vf.netdev, reps[index])
+                    elif vf.netdev:
                         entry["peer"] = peer_name(vf.netdev)
                         self._make_vf_netdev(vf.netdev, entry["peer"], vsctl, vlan=0)
-                    vfs[str(index)] = entry
-                state["pfs"][pf.netdev] = {"address": pf.address, "vfs": vfs}
+                    entry_pf["vfs"][str(index)] = entry
+                state["pfs"][pf.netdev] = entry_pf
+
+    @staticmethod
+    def _make_switchdev_pair(netdev: str, representor: str) -> None:
+        if not _link_exists(netdev):
+            if _link_exists(representor):
+                _ip("link", "delete", representor, check=False)
+            _ip("link", "add", netdev, "type", "veth", "peer", "name", representor)
 
     @staticmethod
     def _make_vf_netdev(netdev: str, peer: str, vsctl: Any, vlan: int) -> None:
@@ -112,8 +139,8 @@ class LabNic:
     def destroy(self) -> list[str]:
         removed = []
         for pf in self.read_state().get("pfs", {}).values():
-            for vf in pf["vfs"].values():
-                for name in (vf.get("netdev"), vf.get("peer")):
+            for vf in list(pf["vfs"].values()) + [{"netdev": pf.get("uplinkPeer")}]:
+                for name in (vf.get("netdev"), vf.get("peer"), vf.get("representor")):
                     if not name or not _link_exists(name):
                         continue
                     if _ip("link", "delete", name, check=False).returncode == 0:
@@ -124,9 +151,10 @@ class LabNic:
         out = []
         for pf_netdev, pf in self.read_state().get("pfs", {}).items():
             out.append({
-                "pf": pf_netdev, "pfAddress": pf["address"], "mode": "legacy", "simulated": True,
+                "pf": pf_netdev, "pfAddress": pf["address"], "mode": pf.get("mode", "legacy"),
+                "simulated": True,
                 "vfs": [{"index": int(i), "address": vf["address"], "netdev": vf["netdev"],
-                         "driver": vf["driver"]}
+                         "driver": vf["driver"], "representor": vf.get("representor")}
                         for i, vf in sorted(pf["vfs"].items(), key=lambda kv: int(kv[0]))],
             })
         return out
@@ -160,6 +188,11 @@ class LabVfControl(VfControl):
 
     def _update(self, pf: str, index: int, field: str, **values: Any) -> dict[str, Any]:
         with self._vf(pf, index) as vf:
+            if vf.get("representor") and field != "mac":
+                # As mlx5 does: in switchdev mode VLAN, spoofchk, trust, link state and rates
+                # belong to the representor's OVS port, not to the PF's VF settings.
+                raise VfAttributeRefused(field, pf, index, ",".join(f"{k}={v}" for k, v in values.items()),
+                                         "the eswitch is in switchdev mode", errno.EOPNOTSUPP, field)
             if field in vf["_refuse"]:
                 shown = ",".join(f"{k}={v}" for k, v in values.items())
                 raise VfAttributeRefused(field, pf, index, shown,
@@ -203,7 +236,11 @@ class LabVfControl(VfControl):
     def recover_netdev(self, pf_netdev: str, vf_index: int, address: str) -> str | None:
         with self._vf(pf_netdev, vf_index) as vf:
             netdev, peer, vlan = vf.get("netdev"), vf.get("peer"), vf["state"]["vlan"]
-            link_state = vf["state"]["link_state"]
+            link_state, representor = vf["state"]["link_state"], vf.get("representor")
+        if netdev and representor:
+            if not _link_exists(netdev):
+                LabNic._make_switchdev_pair(netdev, representor)
+            return netdev
         if not netdev or not peer:
             return None
         if not _link_exists(netdev):
@@ -211,3 +248,14 @@ class LabVfControl(VfControl):
             if link_state == "disable":
                 _ip("link", "set", peer, "down", check=False)
         return netdev
+
+    def eswitch_mode(self, pf_netdev: str, pf_address: str) -> str | None:
+        return self.nic.read_state().get("pfs", {}).get(pf_netdev, {}).get("mode")
+
+    def hw_tc_offload(self, netdev: str) -> bool | None:
+        # The simulated NIC claims hw-tc-offload on its PF and representors (a veth has none;
+        # the lab's datapath is userspace, so nothing is offloaded whatever this says).
+        for pf_netdev, pf in self.nic.read_state().get("pfs", {}).items():
+            if netdev == pf_netdev or any(v.get("representor") == netdev for v in pf["vfs"].values()):
+                return bool(pf.get("hwTcOffload", True))
+        return None

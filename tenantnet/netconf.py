@@ -58,6 +58,7 @@ class TenantnetConf:
     ovs: OvsPortSettings | None
     ipam_type: str
     vf: VfSettings | None = None
+    offload_check: bool = False  # "offloadCheck": "require": CHECK fails on software-only traffic
     dns: DNS = field(default_factory=DNS)
     log_file: str | None = None
     log_level: str | None = None
@@ -220,15 +221,17 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
     raw = conf.raw
     mode = infer_mode(raw)
     ovs = None
-    if mode == "ovs":
+    if mode in ("ovs", "ovs-offload"):
         bridge = raw.get("bridge")
-        if not isinstance(bridge, str) or not _BRIDGE_RE.match(bridge):
+        if mode == "ovs-offload" and bridge in (None, ""):
+            bridge = ""  # offload: the bridge whose uplink is the VF's PF, found at ADD
+        elif not isinstance(bridge, str) or not _BRIDGE_RE.match(bridge):
             raise invalid_config(
                 "bridge", bridge,
                 "must name an OVS bridge (letters, digits, '_', '.', '-'; at most 63 characters)",
             )
         interface_type = raw.get("interface_type")
-        if interface_type not in (None, "", "system"):
+        if mode == "ovs" and interface_type not in (None, "", "system"):
             raise CniError(
                 Code.UNSUPPORTED_FIELD,
                 f"unsupported field value: interface_type={interface_type!r}; "
@@ -244,7 +247,10 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
         )
         for key in ("link_state_check_retries", "link_state_check_interval"):
             _int_field(raw, key, 0, 100000)  # accepted for ovs-cni compatibility; veths need no wait
-    vf = _vf_settings(conf) if mode == "sriov" else None
+    vf = _vf_settings(conf) if mode in ("sriov", "ovs-offload") else None
+    offload_check = raw.get("offloadCheck", "off")
+    if offload_check not in ("off", "require"):
+        raise invalid_config("offloadCheck", offload_check, 'must be "off" or "require"')
     ipam_type = ""
     if conf.ipam:
         ipam_type = conf.ipam.get("type", "")
@@ -266,6 +272,7 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
         log_file=log_file,
         log_level="error" if log_level == "panic" else log_level,
         vf=vf,
+        offload_check=offload_check == "require",
     )
 
 

@@ -277,3 +277,26 @@ def _check(pfs: list[SimPf]) -> None:
             seen_netdevs.add(name)
         if len(pf.vfs) > pf.totalvfs:
             raise ValueError(f"PF {pf.address} has {len(pf.vfs)} VFs but sriov_totalvfs is {pf.totalvfs}")
+
+
+def write_representors(root: str | Path, pf: SimPf, representors: dict[int, str], pf_number: int = 0) -> None:
+    """Switchdev mode: VF representor netdevs under the PF, as mlx5 lays them out.
+
+    Each representor is a netdev of the PF's PCI device with the PF's `phys_switch_id` and a
+    `phys_port_name` of `pf<N>vf<index>`; the PF itself becomes the uplink `p<N>`. Call after
+    `write_tree` (which would drop these netdevs again when rewriting the PF).
+    """
+    if not pf.switch_id:
+        raise ValueError(f"PF {pf.address}: switchdev representors need a switch_id")
+    root = Path(root)
+    pf_dir = _parent_dir(root, pf.address) / pf.address
+    _write(pf_dir / "net" / pf.netdev / "phys_port_name", f"p{pf_number}")
+    class_net = root / "class" / "net"
+    class_net.mkdir(parents=True, exist_ok=True)
+    for index, name in representors.items():
+        rep = pf_dir / "net" / name
+        rep.mkdir(parents=True, exist_ok=True)
+        _symlink(rep / "device", f"../../../{pf.address}")
+        _write(rep / "phys_switch_id", pf.switch_id)
+        _write(rep / "phys_port_name", f"pf{pf_number}vf{index}")
+        _symlink(class_net / name, os.path.relpath(rep, class_net))

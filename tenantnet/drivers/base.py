@@ -86,10 +86,9 @@ class Driver(ABC):
 _DRIVERS = {
     "ovs": "tenantnet.drivers.ovs:OvsDriver",
     "sriov": "tenantnet.drivers.sriov:SriovDriver",
+    "ovs-offload": "tenantnet.drivers.ovs_offload:OvsOffloadDriver",
 }
-_LATER = {
-    "ovs-offload": "OVS hardware offload (mode ovs-offload)",
-}
+_LATER: dict[str, str] = {}
 
 
 def for_mode(mode: str, node: NodeConfig) -> Driver:

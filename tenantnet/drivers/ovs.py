@@ -75,27 +75,8 @@ class OvsDriver(Driver):
                 f"invalid CNI_IFNAME={record.ifname!r}: an interface of that name already exists "
                 f"in {record.netns}",
             ) from None
-        pod = record.pod
         record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
-        db.add_port(
-            ovsdb.PortSpec(
-                bridge=plan["bridge"],
-                name=host,
-                tag=plan.get("vlan"),
-                trunks=list(plan.get("trunks") or []),
-                mtu=plan.get("mtu"),
-                ofport_request=plan.get("ofportRequest"),
-                external_ids={
-                    EXT_NETWORK: record.network,
-                    EXT_CONTAINER: record.container_id,
-                    EXT_IFNAME: record.ifname,
-                    EXT_NETNS: record.netns,
-                    EXT_POD_NS: pod.namespace,
-                    EXT_POD_NAME: pod.name,
-                    EXT_POD_UID: pod.uid,
-                },
-            )
-        )
+        add_owned_port(db, record, host)
         link = netlink.host_link(host)
         return Attached(host=Interface(name=host, mac=link.mac if link else ""), pod_ifname=record.ifname)
 
@@ -109,27 +90,8 @@ class OvsDriver(Driver):
             netlink.delete_host_link(host)
 
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
-        plan = record.plan
-        host = plan["hostIfname"]
-        drift: list[str] = []
-        port = self._db(record).port(host)
-        if port is None:
-            return [f"OVS port {host} is missing"]
-        if port.bridge != plan["bridge"]:
-            drift.append(f"OVS port {host} is on bridge {port.bridge!r}, expected {plan['bridge']!r}")
-        if port.tag != plan.get("vlan"):
-            drift.append(f"OVS port {host} has tag {port.tag!r}, expected {plan.get('vlan')!r}")
-        if port.trunks != list(plan.get("trunks") or []):
-            drift.append(f"OVS port {host} has trunks {port.trunks}, expected {plan.get('trunks') or []}")
-        ids = port.external_ids
-        if not port.owned:
-            drift.append(f"OVS port {host} lost its ownership tag {ovsdb.OWNER_KEY}")
-        for key, want in ((EXT_CONTAINER, record.container_id), (EXT_IFNAME, record.ifname),
-                          (EXT_NETWORK, record.network)):
-            if ids.get(key) != want:
-                drift.append(f"OVS port {host} external_ids:{key}={ids.get(key)!r}, expected {want!r}")
-        if port.error:
-            drift.append(f"OVS interface {host} reports error: {port.error}")
+        host = record.plan["hostIfname"]
+        drift = check_owned_port(self._db(record), record, host)
         link = netlink.host_link(host)
         if link is None:
             drift.append(f"host link {host} is missing")
@@ -167,3 +129,52 @@ class OvsDriver(Driver):
                 )
             )
         return found
+
+
+def add_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, port: str) -> None:
+    """The attachment's OVS port: VLAN, MTU and ownership in one transaction."""
+    plan, pod = record.plan, record.pod
+    db.add_port(
+        ovsdb.PortSpec(
+            bridge=plan["bridge"],
+            name=port,
+            tag=plan.get("vlan"),
+            trunks=list(plan.get("trunks") or []),
+            mtu=plan.get("mtu"),
+            ofport_request=plan.get("ofportRequest"),
+            external_ids={
+                EXT_NETWORK: record.network,
+                EXT_CONTAINER: record.container_id,
+                EXT_IFNAME: record.ifname,
+                EXT_NETNS: record.netns,
+                EXT_POD_NS: pod.namespace,
+                EXT_POD_NAME: pod.name,
+                EXT_POD_UID: pod.uid,
+            },
+        )
+    )
+
+
+def check_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, name: str) -> list[str]:
+    """Differences between the attachment's OVS port and its record."""
+    plan = record.plan
+    port = db.port(name)
+    if port is None:
+        return [f"OVS port {name} is missing"]
+    drift = []
+    if port.bridge != plan["bridge"]:
+        drift.append(f"OVS port {name} is on bridge {port.bridge!r}, expected {plan['bridge']!r}")
+    if port.tag != plan.get("vlan"):
+        drift.append(f"OVS port {name} has tag {port.tag!r}, expected {plan.get('vlan')!r}")
+    if port.trunks != list(plan.get("trunks") or []):
+        drift.append(f"OVS port {name} has trunks {port.trunks}, expected {plan.get('trunks') or []}")
+    if not port.owned:
+        drift.append(f"OVS port {name} lost its ownership tag {ovsdb.OWNER_KEY}")
+    ids = port.external_ids
+    for key, want in ((EXT_CONTAINER, record.container_id), (EXT_IFNAME, record.ifname),
+                      (EXT_NETWORK, record.network)):
+        if ids.get(key) != want:
+            drift.append(f"OVS port {name} external_ids:{key}={ids.get(key)!r}, expected {want!r}")
+    if port.error:
+        drift.append(f"OVS interface {name} reports error: {port.error}")
+    return drift

@@ -56,6 +56,8 @@ def _differs(field: str, a: VfState, b: VfState) -> bool:
 
 class SriovDriver(Driver):
     mode = "sriov"
+    # The VF attributes this mode manages through the PF (and so restores on DEL).
+    pf_fields: tuple[str, ...] = _FIELDS
 
     def __init__(self, node: Any) -> None:
         super().__init__(node)
@@ -134,6 +136,10 @@ class SriovDriver(Driver):
             "to a userspace driver, or their netdev is not in the host namespace",
         )
 
+    def pf_settings(self, conf: TenantnetConf) -> tuple[VfState, list[str]]:
+        """What ADD sets at the PF for this VF, and which fields."""
+        return wanted_state(conf)
+
     # ---- Driver interface -----------------------------------------------------------
     def plan(self, conf: TenantnetConf, env: CniEnv, records: Any = None) -> dict[str, Any]:
         vf = self._choose(conf, env, records)
@@ -175,7 +181,7 @@ class SriovDriver(Driver):
 
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
         plan = record.plan
-        wanted, fields = wanted_state(conf)
+        wanted, fields = self.pf_settings(conf)
         record.mark(STEP_VF)
         try:
             self.control.apply(plan["pf"], plan["vfIndex"], wanted, fields)
@@ -239,7 +245,7 @@ class SriovDriver(Driver):
     def _restore_vf(self, plan: dict[str, Any], original: VfState) -> None:
         live = self.control.read(plan["pf"], plan["vfIndex"])
         # A driver that does not report spoofchk/trust gives None: nothing known to restore.
-        fields = [f for f in _FIELDS if _differs(f, live, original)
+        fields = [f for f in self.pf_fields if _differs(f, live, original)
                   and not (f in ("spoofchk", "trust") and getattr(original, f) is None)]
         if fields:
             self.control.apply(plan["pf"], plan["vfIndex"], original, fields)
@@ -248,7 +254,7 @@ class SriovDriver(Driver):
         plan = record.plan
         drift: list[str] = []
         live = self.control.read(plan["pf"], plan["vfIndex"])
-        want = wanted_state(conf)
+        want = self.pf_settings(conf)
         for field, label in (("vlan", "VLAN/QoS/proto"), ("spoofchk", "spoofchk"), ("trust", "trust"),
                              ("link_state", "link_state"), ("rate", "tx rates"), ("mac", "admin MAC")):
             if field not in want[1]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import errno
 import ipaddress
 import os
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tenantnet.system.netns import NamespaceNotFound, run_in_netns
+from tenantnet.system.netns import NETNS_THREAD, NamespaceNotFound, run_in_netns
 
 T = TypeVar("T")
 
@@ -69,24 +70,41 @@ def _translated(what: str) -> Iterator[None]:
         raise NetlinkProblem(f"{what}: {exc.strerror or exc}", exc.errno or 0) from None
 
 
-_host: Any = None
+# One host-namespace IPRoute per thread. pyroute2 0.9's sync IPRoute drives an asyncio
+# loop and keeps socket/loop state in its own threading.local, so one object shared by the
+# agent's worker threads is not safe to use concurrently; a socket per (long-lived) worker
+# thread is, and costs ≈ 1 ms once. The in-process plugin has one thread: one socket, as before.
+_host = threading.local()
+_host_all: list[Any] = []
+_host_lock = threading.Lock()
 
 
 def _host_ipr() -> Any:
-    """One IPRoute socket in the host namespace for the whole process."""
-    global _host
-    if _host is None:
+    """This thread's IPRoute socket in the host namespace (opened on first use)."""
+    ipr = getattr(_host, "ipr", None)
+    if ipr is None:
+        # A netns worker thread has left the host namespace: a socket opened there would
+        # silently act on the pod's namespace.
+        if threading.current_thread().name == NETNS_THREAD:
+            raise RuntimeError("host netlink socket requested from inside a pod namespace thread")
         from pyroute2 import IPRoute
 
-        _host = IPRoute()
-    return _host
+        ipr = _host.ipr = IPRoute()
+        with _host_lock:
+            _host_all.append(ipr)
+    return ipr
 
 
 def close() -> None:
-    global _host
-    if _host is not None:
-        _host.close()
-        _host = None
+    with _host_lock:
+        sockets = list(_host_all)
+        _host_all.clear()
+    _host.__dict__.pop("ipr", None)
+    for ipr in sockets:
+        try:
+            ipr.close()
+        except Exception:
+            pass
 
 
 @dataclass

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
+NETNS_THREAD = "tenantnet-netns"  # the name of threads that have entered a pod namespace
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -63,7 +64,7 @@ def run_in_netns(path: str, work: Callable[[Any], T]) -> T:
             outcome["error"] = exc
 
     try:
-        worker = threading.Thread(target=body, name="tenantnet-netns")
+        worker = threading.Thread(target=body, name=NETNS_THREAD)
         worker.start()
         worker.join()
     finally:

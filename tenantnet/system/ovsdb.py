@@ -201,6 +201,27 @@ class Ovsdb:
             error=_opt(iface.get("error")),
         )
 
+    def bridge_of_interface(self, ifname: str) -> str | None:
+        """The bridge holding a port with interface `ifname` (a plain port or a bond member)."""
+        api = self.api
+        ifaces = self._run("reading interfaces", api.db_find("Interface", ("name", "=", ifname),
+                                                               columns=["_uuid"]))
+        if not ifaces:
+            return None
+        uuid = ifaces[0]["_uuid"]
+        ports = [p["_uuid"] for p in self._run("listing ports",
+                                                api.db_list("Port", columns=["_uuid", "interfaces"]))
+                 if uuid in p["interfaces"]]
+        for br in self._run("listing bridges", api.db_list("Bridge", columns=["name", "ports"])):
+            if any(p in br["ports"] for p in ports):
+                return str(br["name"])
+        return None
+
+    def other_config(self) -> dict[str, str]:
+        """The Open_vSwitch row's other_config (hw-offload, tc-policy, …)."""
+        rows = self._run("reading Open_vSwitch", self.api.db_list("Open_vSwitch", columns=["other_config"]))
+        return dict(rows[0]["other_config"]) if rows else {}
+
     def owned_ports(self) -> list[PortState]:
         """Every Port row carrying our ownership tag."""
         api = self.api
@@ -258,17 +279,24 @@ class Ovsdb:
 
 
 _connections: dict[str, Ovsdb] = {}
+# The agent's worker threads share the handles (ovsdbapp's Connection is thread-safe: one
+# thread of its own runs the IDL, commands are queued to it); this lock only keeps two
+# threads from creating two handles for one endpoint.
+_connections_lock = threading.Lock()
 
 
 def connect(endpoint: str, timeout: float = 5.0) -> Ovsdb:
     """The process-wide handle for `endpoint` (connects on first use)."""
-    db = _connections.get(endpoint)
-    if db is None:
-        db = _connections[endpoint] = Ovsdb(endpoint, timeout)
-    return db
+    with _connections_lock:
+        db = _connections.get(endpoint)
+        if db is None:
+            db = _connections[endpoint] = Ovsdb(endpoint, timeout)
+        return db
 
 
 def close_all() -> None:
-    for db in _connections.values():
+    with _connections_lock:
+        dbs = list(_connections.values())
+        _connections.clear()
+    for db in dbs:
         db.close()
-    _connections.clear()

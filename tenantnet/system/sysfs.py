@@ -222,13 +222,22 @@ class Sysfs:
         return VirtualFunction(
             address=addr,
             pf_address=pf_addr,
-            pf_netdev=self._first(os.path.join(pf_dev, "net")),
+            pf_netdev=self._pf_netdev(pf_dev),
             index=index,
             driver=self._link_name(os.path.join(dev, "driver")),
             netdev=self._first(os.path.join(dev, "net")),
             numa_node=numa_node,
             rdma_device=self._first(os.path.join(dev, "infiniband")),
         )
+
+    def _pf_netdev(self, pf_dev: str) -> str | None:
+        """The PF's own netdev: in switchdev mode its net/ also lists the VF representors."""
+        net = os.path.join(pf_dev, "net")
+        names = self._names(net)
+        own = [n for n in names
+               if representor_vf_index(_read_attribute(os.path.join(net, n, "phys_port_name")) or "-")
+               is None]
+        return (own or names or [None])[0]
 
     def _first(self, directory: str) -> str | None:
         names = self._names(directory)
@@ -265,3 +274,61 @@ class Sysfs:
             return None
         except OSError as exc:
             raise SysfsError(f"cannot read {path}: {exc.strerror or exc}") from None
+
+
+# -- switchdev representors -------------------------------------------------------------------
+
+# The kernel's phys_port_name forms for a VF representor: "pf0vf3" (mlx5), "c1pf0vf3"
+# (multi-host controllers), "vf3", or a bare VF index on some older drivers.
+_REP_NAME = re.compile(r"^(?:c\d+)?(?:pf(?P<pf>\d+))?vf(?P<vf>\d+)$|^(?P<bare>\d+)$")
+
+
+def representor_vf_index(phys_port_name: str) -> tuple[int | None, int] | None:
+    """(PF number or None, VF index) from a representor's phys_port_name; None if not a VF rep."""
+    m = _REP_NAME.match(phys_port_name.strip())
+    if not m:
+        return None
+    if m["bare"] is not None:
+        return None, int(m["bare"])
+    return (int(m["pf"]) if m["pf"] is not None else None), int(m["vf"])
+
+
+def _read_attribute(path: str) -> str | None:
+    """A netdev attribute, None when absent *or unsupported*: reading phys_switch_id or
+    phys_port_name of a device that has none fails with EOPNOTSUPP on a real kernel."""
+    try:
+        with open(path, encoding="ascii", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def find_representor(sysfs: Sysfs, vf: VirtualFunction) -> str | None:
+    """The netdev representing `vf` on the eswitch (switchdev mode), or None (legacy mode).
+
+    A representor shares the PF's `phys_switch_id` and names the VF in `phys_port_name`.
+    """
+    if not vf.pf_netdev:
+        return None
+    net = os.path.join(sysfs.root, "class", "net")
+    switch_id = _read_attribute(os.path.join(net, vf.pf_netdev, "phys_switch_id"))
+    if not switch_id:
+        return None
+    pf_port = _read_attribute(os.path.join(net, vf.pf_netdev, "phys_port_name")) or ""
+    pf_number = int(pf_port[1:]) if re.fullmatch(r"p\d+", pf_port) else None
+    try:
+        names = sorted(os.listdir(net))
+    except OSError:
+        return None
+    for name in names:
+        if name == vf.pf_netdev or name == vf.netdev:
+            continue
+        if _read_attribute(os.path.join(net, name, "phys_switch_id")) != switch_id:
+            continue
+        parsed = representor_vf_index(_read_attribute(os.path.join(net, name, "phys_port_name")) or "")
+        if parsed is None or parsed[1] != vf.index:
+            continue
+        if parsed[0] is not None and pf_number is not None and parsed[0] != pf_number:
+            continue  # another PF's VF with the same index on a shared switch
+        return name
+    return None

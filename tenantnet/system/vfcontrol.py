@@ -118,6 +118,34 @@ class VfControl(ABC):
     @abstractmethod
     def set_rate(self, pf_netdev: str, vf_index: int, min_tx_rate: int, max_tx_rate: int) -> None: ...
 
+    def eswitch_mode(self, pf_netdev: str, pf_address: str) -> str | None:
+        """`switchdev` or `legacy` as devlink reports it; None when it cannot be told."""
+        import json
+        import subprocess
+
+        try:
+            proc = subprocess.run(["devlink", "-j", "dev", "eswitch", "show", f"pci/{pf_address}"],
+                                  capture_output=True, text=True, timeout=5, check=False)
+            mode = json.loads(proc.stdout)["dev"][f"pci/{pf_address}"]["mode"]
+        except (OSError, subprocess.TimeoutExpired, ValueError, KeyError, TypeError):
+            return None
+        return str(mode)
+
+    def hw_tc_offload(self, netdev: str) -> bool | None:
+        """The `hw-tc-offload` netdev feature (ethtool -k); None when it cannot be told."""
+        import subprocess
+
+        try:
+            proc = subprocess.run(["ethtool", "-k", netdev], capture_output=True, text=True, timeout=5,
+                                  check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        for line in proc.stdout.splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() == "hw-tc-offload":
+                return value.strip().startswith("on")
+        return None
+
     def recover_netdev(self, pf_netdev: str, vf_index: int, address: str) -> str | None:
         """The VF's netdev when the kernel's own return of it cannot be seen; None on a real NIC.
 

@@ -91,6 +91,18 @@ def nic_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
         labmod.down(info.root)
 
 
+@pytest.fixture(scope="session")
+def switchdev_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """A lab whose simulated NIC is in switchdev mode: 4 VFs with representors, PF on br-lab."""
+    root = tmp_path_factory.mktemp("swlab")
+    info = labmod.up(str(root / "run"), vfs=4, switchdev=True)
+    try:
+        yield Lab(root=Path(info.root), node_config=Path(info.node_config), state_dir=Path(info.state_dir),
+                  ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=root / "host-local")
+    finally:
+        labmod.down(info.root)
+
+
 @dataclass
 class Netns:
     name: str

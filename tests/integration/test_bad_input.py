@@ -41,7 +41,7 @@ CASES = [
     ("name-traversal", {}, {"name": "../evil"}, 7, "name='../evil'"),
     ("bad-mode", {}, {"mode": "bogus"}, 7, "mode='bogus'"),
     ("no-mode-no-bridge", {}, {"bridge": None}, 7, "cannot infer mode"),
-    ("offload-not-yet", {}, {"mode": "ovs-offload"}, 2, "mode='ovs-offload'"),
+    ("offload-without-vf", {}, {"mode": "ovs-offload"}, 7, "needs deviceID"),
     ("sriov-without-vf", {}, {"mode": "sriov"}, 7, "mode sriov needs deviceID"),
     ("sriov-bad-pci", {}, {"bridge": None, "deviceID": "zz:00.1"}, 7, "deviceID='zz:00.1'"),
     ("vlan-4095", {}, {"vlan": 4095}, 7, "vlan=4095"),

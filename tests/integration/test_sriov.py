@@ -99,7 +99,7 @@ def test_vlan_isolation_between_vfs(nic_lab, vfp, netns_factory):
     (a, b, c) = pods
 
     def ping(src, dst):
-        return src[0].run("ping", "-c", "2", "-i", "0.2", "-W", "1", dst[3]).returncode == 0
+        return src[0].run("ping", "-c", "3", "-i", "0.3", "-W", "2", dst[3]).returncode == 0
 
     assert ping(a, b) and ping(b, a)
     assert not ping(a, c) and not ping(c, b)
@@ -163,6 +163,8 @@ def test_dpdk_vf_reports_pci_id_and_allocates(nic_lab, vfp, netns_factory):
     assert inv.out["ips"][0]["address"].startswith("10.91.0.")
     assert ns.run("ip", "link", "show", "net1").returncode != 0  # nothing moved: DPDK owns it
     assert LabVfControl(str(nic_lab.root)).read("lpf0", dpdk["index"]).vlan == 100
+    check = vfp.call("CHECK", {**conf, "prevResult": inv.out}, cid, ns.path)
+    assert check.code == 0, check.stdout
     assert vfp.call("DEL", conf, cid, ns.path).code == 0
     assert LabVfControl(str(nic_lab.root)).read("lpf0", dpdk["index"]).vlan == 0
 

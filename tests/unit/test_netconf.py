@@ -103,23 +103,21 @@ def test_mac_precedence_runtime_then_cni_args_then_conf():
     ({"configuration_path": "/nonexistent/ovs.json"}, 7, "cannot be read"),
     ({"link_state_check_retries": -1}, 7, "link_state_check_retries=-1"),
     ({"logLevel": "loud"}, 7, "logLevel='loud'"),
-    ({"mode": "ovs-offload"}, None, None),
+    ({"mode": "ovs-offload"}, 7, "needs deviceID"),
+    ({"offloadCheck": "yes"}, 7, "offloadCheck='yes'"),
 ])
 def test_bad_ovs_fields(kw, code, needle):
-    if code is None:  # a valid mode name; the driver registry refuses it later
-        assert tn.parse(conf(**kw), ENV, NodeConfig()).mode == "ovs-offload"
-        return
     with pytest.raises(CniError) as err:
         tn.parse(conf(**kw), ENV, NodeConfig())
     assert err.value.code == code and needle in err.value.msg
 
 
-def test_unimplemented_modes_name_what_is_available():
+def test_every_mode_has_a_driver():
     from tenantnet.drivers.base import for_mode
 
-    with pytest.raises(CniError) as err:
-        for_mode("ovs-offload", NodeConfig())
-    assert err.value.code == 2 and "available modes: ovs, sriov" in err.value.msg
+    assert [for_mode(m, NodeConfig()).mode for m in tn.MODES] == list(tn.MODES)
+    with pytest.raises(CniError):
+        tn.infer_mode({"mode": "vxlan"})
 
 
 def test_host_ifname_is_deterministic_and_short():

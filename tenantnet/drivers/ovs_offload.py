@@ -1,0 +1,159 @@
+"""Mode `ovs-offload`: OVS hardware offload (switchdev). The VF goes into the pod exactly as
+in mode `sriov` (recorded first, fully restored on DEL); its **representor** joins an OVS
+bridge in one transaction with VLAN/trunks, MTU and ownership, so OVS flows can be pushed
+into the NIC with tc-flower.
+
+In switchdev mode the VF's VLAN, spoof checking, trust and rates belong to the representor's
+OVS port, not to the PF: only an admin MAC is set through the PF. The preconditions for
+flows to be offloaded at all — eswitch in switchdev mode, `hw-tc-offload` on PF and
+representor, OVS `other_config:hw-offload=true` — are checked on ADD and STATUS; the node
+config says per precondition whether a miss warns (default) or refuses.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cni.env import CniEnv
+from cni.errors import CniError, Code
+from cni.result import Interface
+from tenantnet.drivers.base import Attached
+from tenantnet.drivers.ovs import add_owned_port, check_owned_port
+from tenantnet.drivers.sriov import SriovDriver
+from tenantnet.netconf import TenantnetConf
+from tenantnet.records import AttachmentRecord
+from tenantnet.system import netlink, ovsdb
+from tenantnet.system.sysfs import VirtualFunction, find_representor
+from tenantnet.system.vfcontrol import VfState
+
+STEP_PORT = "port"
+
+
+class OvsOffloadDriver(SriovDriver):
+    mode = "ovs-offload"
+    # In switchdev mode the PF sets only the admin MAC; the rest is the representor's port.
+    pf_fields = ("mac",)
+
+    def _db(self, endpoint: str | None) -> ovsdb.Ovsdb:
+        return ovsdb.connect(endpoint or self.node.ovsdb, self.node.ovsdb_timeout)
+
+    def pf_settings(self, conf: TenantnetConf) -> tuple[VfState, list[str]]:
+        return (VfState(mac=conf.mac), ["mac"]) if conf.mac else (VfState(), [])
+
+    def _representor(self, vf: VirtualFunction) -> str:
+        rep = find_representor(self.sysfs, vf)
+        if rep is None:
+            raise CniError(
+                Code.INVALID_CONFIG,
+                f"invalid network config: deviceID={vf.address!r}: VF {vf.index} of PF "
+                f"{vf.pf_netdev or vf.pf_address} has no representor: is the eswitch in legacy mode? "
+                f"(devlink dev eswitch set pci/{vf.pf_address} mode switchdev)",
+            )
+        return rep
+
+    def _bridge(self, conf: TenantnetConf, db: ovsdb.Ovsdb, vf: VirtualFunction) -> str:
+        assert conf.ovs is not None
+        if conf.ovs.bridge:
+            return conf.ovs.bridge
+        bridge = db.bridge_of_interface(vf.pf_netdev) if vf.pf_netdev else None
+        if bridge is None:
+            raise CniError(
+                Code.INVALID_CONFIG,
+                f"invalid network config: bridge is not set and no OVS bridge has the VF's PF "
+                f"{vf.pf_netdev} (or a bond holding it) as a port; set \"bridge\"",
+            )
+        return bridge
+
+    def preconditions(self, vf: VirtualFunction, representor: str | None,
+                      db: ovsdb.Ovsdb) -> list[tuple[str, str]]:
+        """(precondition, what is wrong and how to fix it) for every precondition not met."""
+        misses = []
+        mode = self.control.eswitch_mode(vf.pf_netdev or "", vf.pf_address)
+        if mode is not None and mode != "switchdev":
+            misses.append(("eswitchSwitchdev",
+                           f"the eswitch of PF {vf.pf_address} is in {mode} mode; fix: devlink dev "
+                           f"eswitch set pci/{vf.pf_address} mode switchdev"))
+        for name in filter(None, (vf.pf_netdev, representor)):
+            if self.control.hw_tc_offload(name) is False:
+                misses.append(("hwTcOffload", f"hw-tc-offload is off on {name}; fix: ethtool -K {name} "
+                                              "hw-tc-offload on"))
+        if db.other_config().get("hw-offload") != "true":
+            misses.append(("ovsHwOffload", "OVS other_config:hw-offload is not true, so no flow is "
+                                           "offloaded; fix: ovs-vsctl set Open_vSwitch . "
+                                           "other_config:hw-offload=true, then restart ovs-vswitchd"))
+        return misses
+
+    def _enforce(self, misses: list[tuple[str, str]]) -> list[str]:
+        refused = [why for key, why in misses if self.node.offload_preconditions.get(key) == "refuse"]
+        if refused:
+            raise CniError(Code.OFFLOAD_PRECONDITION, "offload precondition not met: " + "; ".join(refused))
+        if misses:
+            from cni.log import get
+
+            log = get("tenantnet.offload")
+        for key, why in misses:
+            # The log's warnings reach stderr too (cni.log), so the runtime's log shows them.
+            log.warning("offload.precondition", precondition=key, problem=why)
+        return [why for _, why in misses]
+
+    def plan(self, conf: TenantnetConf, env: CniEnv, records: Any = None) -> dict[str, Any]:
+        assert conf.ovs is not None
+        plan = super().plan(conf, env, records)
+        vf = self.sysfs.vf(plan["deviceID"])
+        rep = self._representor(vf)
+        db = self._db(conf.ovs.ovsdb)
+        plan.update({
+            "representor": rep, "bridge": self._bridge(conf, db, vf), "ovsdb": conf.ovs.ovsdb,
+            "vlan": conf.ovs.vlan, "trunks": list(conf.ovs.trunks), "mtu": conf.mtu,
+            "ofportRequest": conf.ovs.ofport_request,
+        })
+        plan["preconditionWarnings"] = self._enforce(self.preconditions(vf, rep, db))
+        return plan
+
+    def plan_without_record(self, conf: TenantnetConf, env: CniEnv) -> dict[str, Any]:
+        assert conf.ovs is not None
+        plan = super().plan_without_record(conf, env)
+        vf = self.sysfs.vf(plan["deviceID"])
+        plan.update({"representor": find_representor(self.sysfs, vf), "bridge": conf.ovs.bridge,
+                     "ovsdb": conf.ovs.ovsdb})
+        return plan
+
+    def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
+        attached = super().attach(record, conf)
+        plan = record.plan
+        rep = plan["representor"]
+        netlink.set_host_link(rep, mtu=plan.get("mtu"), up=True)
+        record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
+        add_owned_port(self._db(plan.get("ovsdb")), record, rep)
+        link = netlink.host_link(rep)
+        attached.host = Interface(name=rep, mac=link.mac if link else "")
+        if attached.device_info is not None:
+            attached.device_info["representor-device"] = rep
+        return attached
+
+    def detach(self, record: AttachmentRecord) -> None:
+        plan = record.plan
+        rep = plan.get("representor")
+        done = record.progress
+        if rep and (done is None or STEP_PORT in done):
+            self._db(plan.get("ovsdb")).delete_port(rep)
+            if netlink.host_link(rep) is not None:
+                netlink.set_host_link(rep, up=False)
+        super().detach(record)
+
+    def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
+        drift = super().check(record, conf)
+        rep = record.plan["representor"]
+        drift += check_owned_port(self._db(record.plan.get("ovsdb")), record, rep)
+        link = netlink.host_link(rep)
+        if link is None:
+            drift.append(f"representor {rep} is missing")
+        elif not link.up:
+            drift.append(f"representor {rep} is down")
+        return drift
+
+    def describe(self, record: AttachmentRecord) -> dict[str, Any]:
+        out = super().describe(record)
+        out.update({"representor": record.plan["representor"], "bridge": record.plan["bridge"],
+                    "vlan": record.plan.get("vlan")})
+        return out

@@ -1,0 +1,145 @@
+"""Mode ovs-offload on the lab's switchdev NIC: VF in the pod, representor on OVS."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tenantnet.lab_nic import LabNic, LabVfControl
+from tests.integration.conftest import PluginRunner, new_cid
+
+
+@pytest.fixture
+def off(switchdev_lab):
+    runner = PluginRunner(switchdev_lab)
+    yield runner
+    for conf, cid, ifname in reversed(runner.cleanups):
+        runner.call("DEL", conf, cid, "", ifname)
+
+
+def nic(lab):
+    return LabNic(str(lab.root)).describe()[0]
+
+
+def conf_for(lab, vf, **kw):
+    base = {"cniVersion": "1.1.0", "name": "offnet", "type": "tenantnet", "mode": "ovs-offload",
+            "deviceID": vf["address"], "vlan": 100, "mtu": 1400,
+            "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.96.0.0/24"}]],
+                     "dataDir": str(lab.root / "ipam")}}
+    base.update(kw)
+    return {k: v for k, v in base.items() if v is not None}
+
+
+def vf_snapshot(lab):
+    ctl = LabVfControl(str(lab.root))
+    out = {}
+    for vf in nic(lab)["vfs"]:
+        link = subprocess.run(["ip", "-j", "link", "show", "dev", vf["netdev"]], capture_output=True, text=True)
+        d = json.loads(link.stdout)[0] if link.returncode == 0 else None
+        out[vf["address"]] = (ctl.read(nic(lab)["pf"], vf["index"]).to_dict(),
+                              d and (d["ifname"], d["address"], d["mtu"]))
+    return out
+
+
+def test_vf_in_pod_representor_on_ovs_and_isolation(switchdev_lab, off, netns_factory):
+    before = vf_snapshot(switchdev_lab)
+    vfs = nic(switchdev_lab)["vfs"]
+    pods = []
+    for vf, vlan in zip(vfs[:3], (100, 100, 200), strict=True):
+        ns = netns_factory()
+        cid = new_cid()
+        conf = conf_for(switchdev_lab, vf, vlan=vlan)
+        inv = off.add(conf, ns, cid)
+        assert inv.code == 0, inv.stdout
+        rep, pod = inv.out["interfaces"]
+        assert rep["name"] == vf["representor"] and pod["pciID"] == vf["address"] and pod["mtu"] == 1400
+        port = json.loads(switchdev_lab.vsctl("--format=json", "--columns=tag,external_ids", "find", "Port",
+                                              f"name={rep['name']}"))["data"][0]
+        assert port[0] == vlan and dict(port[1][1])["tenantnet-container-id"] == cid
+        # no bridge in the config: the one whose uplink is the VF's PF
+        assert switchdev_lab.vsctl("port-to-br", rep["name"]).strip() == switchdev_lab.bridge
+        pods.append((ns, cid, conf, inv.out["ips"][0]["address"].split("/")[0]))
+    a, b, c = pods
+
+    def ping(src, dst):
+        return src[0].run("ping", "-c", "3", "-i", "0.3", "-W", "2", dst[3]).returncode == 0
+
+    assert ping(a, b) and not ping(a, c)
+    check = off.call("CHECK", {**a[2], "prevResult": off.add(a[2], a[0], a[1]).out}, a[1], a[0].path)
+    assert check.code == 0, check.stdout
+    for ns, cid, conf, _ in pods:
+        assert off.call("DEL", conf, cid, ns.path).code == 0
+    assert switchdev_lab.owned_ports() == [] and switchdev_lab.records() == []
+    assert vf_snapshot(switchdev_lab) == before
+
+
+@pytest.mark.parametrize("how", ["double", "empty-netns"])
+def test_del_variants(switchdev_lab, off, netns_factory, how):
+    before = vf_snapshot(switchdev_lab)
+    vf = nic(switchdev_lab)["vfs"][3]
+    ns = netns_factory()
+    cid = new_cid()
+    conf = conf_for(switchdev_lab, vf, mac="02:96:00:00:00:01")
+    assert off.add(conf, ns, cid).code == 0
+    assert off.call("DEL", conf, cid, ns.path if how == "double" else "").code == 0
+    assert off.call("DEL", conf, cid, "").code == 0
+    assert switchdev_lab.owned_ports() == [] and switchdev_lab.records() == []
+    assert vf_snapshot(switchdev_lab) == before
+
+
+def test_refused_precondition_attaches_nothing(switchdev_lab, off, netns_factory, tmp_path):
+    node = tmp_path / "node.yaml"
+    node.write_text(switchdev_lab.node_config.read_text() + "offloadPreconditions: {ovsHwOffload: refuse}\n")
+    off.extra_env["TENANTNET_CONFIG"] = str(node)
+    ns = netns_factory()
+    inv = off.add(conf_for(switchdev_lab, nic(switchdev_lab)["vfs"][0]), ns, new_cid())
+    assert inv.out["code"] == 105 and "other_config:hw-offload is not true" in inv.out["msg"]
+    assert ns.run("ip", "link", "show", "net1").returncode != 0
+    assert switchdev_lab.owned_ports() == [] and switchdev_lab.records() == []
+
+
+def test_legacy_nic_has_no_representor(nic_lab, netns_factory):
+    runner = PluginRunner(nic_lab)
+    vf = LabNic(str(nic_lab.root)).describe()[0]["vfs"][0]
+    inv = runner.add(conf_for(nic_lab, vf, bridge=nic_lab.bridge), netns_factory(), new_cid())
+    assert inv.out["code"] == 7 and "has no representor" in inv.out["msg"] and "legacy mode" in inv.out["msg"]
+    assert nic_lab.records() == []
+
+
+def test_status_reports_offload_preconditions(switchdev_lab, off, tmp_path):
+    conf = conf_for(switchdev_lab, nic(switchdev_lab)["vfs"][0])
+    ok = off.raw(off.env("STATUS", netns=None, cni_args=""), json.dumps(conf))
+    assert ok.code == 0 and "other_config:hw-offload is not true" in ok.stderr  # warn: still available
+    node = tmp_path / "node.yaml"
+    node.write_text(switchdev_lab.node_config.read_text() + "offloadPreconditions: {ovsHwOffload: refuse}\n")
+    off.extra_env["TENANTNET_CONFIG"] = str(node)
+    bad = off.raw(off.env("STATUS", netns=None, cni_args=""), json.dumps(conf))
+    assert bad.out["code"] == 50 and "offload precondition not met" in bad.out["msg"]
+    switchdev_lab.vsctl("set", "Open_vSwitch", ".", "other_config:hw-offload=true")
+    try:
+        good = off.raw(off.env("STATUS", netns=None, cni_args=""), json.dumps(conf))
+        assert good.code == 0, good.stdout
+    finally:
+        switchdev_lab.vsctl("remove", "Open_vSwitch", ".", "other_config", "hw-offload")
+
+
+def test_offload_check_require_fails_on_software_datapath(switchdev_lab, off, netns_factory):
+    vfs = nic(switchdev_lab)["vfs"]
+    pods = []
+    for vf in vfs[:2]:
+        ns = netns_factory()
+        cid = new_cid()
+        conf = conf_for(switchdev_lab, vf, offloadCheck="require")
+        inv = off.add(conf, ns, cid)
+        assert inv.code == 0, inv.stdout
+        pods.append((ns, cid, conf, inv))
+    (a, b) = pods
+    peer = b[3].out["ips"][0]["address"].split("/")[0]
+    assert a[0].run("ping", "-c", "3", "-i", "0.3", "-W", "2", peer).returncode == 0
+    check = off.call("CHECK", {**a[2], "prevResult": a[3].out}, a[1], a[0].path)
+    assert check.out["code"] == 103
+    assert "in hardware" in check.out["msg"] or "software" in check.out["msg"], check.out["msg"]
+    for ns, cid, conf, _ in pods:
+        assert off.call("DEL", conf, cid, ns.path).code == 0

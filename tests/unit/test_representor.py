@@ -1,0 +1,44 @@
+"""Representor discovery on fake switchdev trees (no root)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tenantnet.simnic import connectx_pf, write_representors, write_tree
+from tenantnet.system.sysfs import Sysfs, find_representor, representor_vf_index
+
+
+@pytest.mark.parametrize("name,parsed", [
+    ("pf0vf3", (0, 3)), ("c1pf0vf3", (0, 3)), ("vf3", (None, 3)), ("3", (None, 3)), ("pf1vf12", (1, 12)),
+    ("p0", None), ("pf0", None), ("", None), ("vfx", None),
+])
+def test_phys_port_name_forms(name, parsed):
+    assert representor_vf_index(name) == parsed
+
+
+def test_representors_found_by_switch_id_and_port_name(tmp_path):
+    pf = connectx_pf("ens1f0", vfs=3)
+    pf.switch_id = "0011223344"
+    write_tree(tmp_path, [pf])
+    write_representors(tmp_path, pf, {0: "ens1f0_0", 1: "ens1f0_1", 2: "ens1f0_2"})
+    sysfs = Sysfs(str(tmp_path))
+    vfs = sysfs.vfs_of_pf(pf.address)
+    assert [find_representor(sysfs, vf) for vf in vfs] == ["ens1f0_0", "ens1f0_1", "ens1f0_2"]
+    assert vfs[0].pf_netdev == "ens1f0"  # not a representor, though they share the PF's net/
+
+
+def test_legacy_mode_has_none(tmp_path):
+    pf = connectx_pf("ens1f0", vfs=2)
+    write_tree(tmp_path, [pf])
+    sysfs = Sysfs(str(tmp_path))
+    assert find_representor(sysfs, sysfs.vfs_of_pf(pf.address)[0]) is None
+
+
+def test_other_switch_is_ignored(tmp_path):
+    pf = connectx_pf("ens1f0", vfs=1)
+    pf.switch_id = "aaaa"
+    write_tree(tmp_path, [pf])
+    write_representors(tmp_path, pf, {0: "rep0"})
+    (tmp_path / "class" / "net" / "rep0").resolve().joinpath("phys_switch_id").write_text("bbbb")
+    sysfs = Sysfs(str(tmp_path))
+    assert find_representor(sysfs, sysfs.vfs_of_pf(pf.address)[0]) is None
