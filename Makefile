@@ -42,6 +42,7 @@ bench: deps venv
 	$(PY) bench/bench_ovs.py --out docs/benchmarks.md
 	$(PY) bench/bench_sriov.py --out docs/benchmarks.md
 	$(PY) bench/bench_ipam.py | $(PY) -m bench.common bench_ipam docs/benchmarks.md
+	$(PY) bench/bench_agent.py --out docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info

@@ -1,21 +1,26 @@
 """`tenantnet-ipam`: the CNI IPAM executable (ADD, DEL, CHECK, GC, STATUS, VERSION).
 
-A thin frame over `ipam.plugin`; `cni.skel` turns errors into CNI error JSON. Imports are
-kept to the standard library plus `cni`/`ipam` so an exec costs little more than the
-interpreter; the structured logger is imported only when a bug has to be recorded.
+The executable is the standard-library-only shim (`tenantnet/shim.py`), which forwards the
+call to the node's agent when one runs (docs/agent.md). This module owns the in-process
+frame over `ipam.plugin` that the shim falls back to and the agent runs: `cni.skel` turns
+errors into CNI error JSON. Nothing outside the standard library is imported at module
+level; the structured logger is imported only when a bug has to be recorded.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from cni import skel
-from cni.env import CniEnv
-from cni.netconf import parse_netconf, valid_attachments
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are strings here
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from cni.env import CniEnv
 
 
 def handle(env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
+    from cni.netconf import parse_netconf, valid_attachments
     from ipam import plugin
 
     conf = parse_netconf(raw)
@@ -38,8 +43,17 @@ def _log_unexpected(exc: BaseException) -> None:
     log.get("tenantnet-ipam").error("unexpected error", exc_info=exc)
 
 
+def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
+    """One CNI call in this process; (exit code, stdout text without the final newline)."""
+    from cni import skel
+
+    return skel.run(handle, environ, stdin, on_unexpected=_log_unexpected)
+
+
 def main() -> int:
-    return skel.main(handle, on_unexpected=_log_unexpected)
+    from tenantnet import shim
+
+    return shim.run("tenantnet-ipam")
 
 
 if __name__ == "__main__":

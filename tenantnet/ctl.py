@@ -7,6 +7,7 @@
     tenantnetctl pod up|down POD.yaml ...    a pod's networks, attached as Multus would
     tenantnetctl policy show|check           the tenancy policy
     tenantnetctl offload                     which datapath flows run in the NIC, per pod/tenant
+    tenantnetctl agent run|status            the resident per-node agent (fast path)
     tenantnetctl ipam ...                    tenantnet-ipam's address store
 """
 
@@ -405,12 +406,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.set_defaults(func=cmd_ls)
 
     from ipam import cli as ipam_cli
+    from tenantnet import agent as agent_cli
     from tenantnet import install
     from tenantnet.offload import cli as offload_cli
 
     ipam_cli.register(sub)
     install.register(sub)
     offload_cli.register(sub)
+    agent_cli.register(sub)
     return parser
 
 

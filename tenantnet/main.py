@@ -1,35 +1,39 @@
 """`tenantnet`: the CNI plugin executable kubelet, the runtime or Multus runs.
 
-Thin on purpose: env + stdin → `tenantnet.core.Plugin` → stdout. VERSION is answered
-without importing pyroute2, ovsdbapp or structlog.
+The executable is the standard-library-only shim (`tenantnet/shim.py`): it forwards env +
+stdin to the node's agent (`tenantnetctl agent run`, docs/agent.md) and prints its answer.
+This module owns the *in-process* way in, used by the shim when no agent answers and by
+the agent itself: env + stdin → `tenantnet.core.Plugin` → stdout. Both ways run
+`cni.skel.run` with `dispatch` below, so their output is the same byte for byte.
+
+Nothing outside the standard library is imported at module level: importing this module
+(the console script does) must stay as cheap as the shim. VERSION is answered without
+importing pyroute2, ovsdbapp or structlog.
 """
 
 from __future__ import annotations
 
 import sys
-from typing import Any
 
-from cni import skel
-from cni.env import CniEnv
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are strings here
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
 
-
-def handle(env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
-    from cni import log
-    from cni.netconf import parse_netconf
-    from tenantnet import config
+    from cni.env import CniEnv
     from tenantnet.core import Plugin
 
-    node = config.load()
-    log_file = raw.get("logFile") if isinstance(raw.get("logFile"), str) else None
-    log_level = raw.get("logLevel") if raw.get("logLevel") in ("debug", "info", "warning", "error") else None
-    log.setup(log_file or node.log_file, log_level or node.log_level)
-    plugin = Plugin(node)
+
+def dispatch(plugin: Plugin, env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
+    """The verb switch: one CNI call on a ready `Plugin` (shared by both ways in)."""
     if env.command == "GC":
         plugin.gc(env, raw)
         return None
     if env.command == "STATUS":
         plugin.status(env, raw)
         return None
+    from cni.netconf import parse_netconf
+
     conf = parse_netconf(raw)
     if env.command == "ADD":
         return plugin.add(env, conf)
@@ -38,6 +42,19 @@ def handle(env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
         return None
     plugin.check(env, conf)
     return None
+
+
+def handle(env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
+    """In-process handler: node config and logging for this one call, then `dispatch`."""
+    from cni import log
+    from tenantnet import config
+    from tenantnet.core import Plugin
+
+    node = config.load()
+    log_file = raw.get("logFile") if isinstance(raw.get("logFile"), str) else None
+    log_level = raw.get("logLevel") if raw.get("logLevel") in ("debug", "info", "warning", "error") else None
+    log.setup(log_file or node.log_file, log_level or node.log_level)
+    return dispatch(Plugin(node), env, raw)
 
 
 def _log_unexpected(exc: BaseException) -> None:
@@ -49,13 +66,22 @@ def _log_unexpected(exc: BaseException) -> None:
         pass
 
 
-def main() -> None:
-    code = skel.main(handle, _log_unexpected)
+def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
+    """One CNI call in this process; (exit code, stdout text without the final newline)."""
+    from cni import skel
+
+    code, text = skel.run(handle, environ, stdin, _log_unexpected)
     if "tenantnet.system.ovsdb" in sys.modules:
         from tenantnet.system import ovsdb
 
         ovsdb.close_all()
-    sys.exit(code)
+    return code, text
+
+
+def main() -> None:
+    from tenantnet import shim
+
+    sys.exit(shim.run("tenantnet"))
 
 
 if __name__ == "__main__":

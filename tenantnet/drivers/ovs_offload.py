@@ -23,7 +23,7 @@ from tenantnet.drivers.sriov import SriovDriver
 from tenantnet.netconf import TenantnetConf
 from tenantnet.records import AttachmentRecord
 from tenantnet.system import netlink, ovsdb
-from tenantnet.system.sysfs import VirtualFunction, find_representor
+from tenantnet.system.sysfs import VirtualFunction, find_representor, representor_from_devlink
 from tenantnet.system.vfcontrol import VfState
 
 STEP_PORT = "port"
@@ -41,7 +41,8 @@ class OvsOffloadDriver(SriovDriver):
         return (VfState(mac=conf.mac), ["mac"]) if conf.mac else (VfState(), [])
 
     def _representor(self, vf: VirtualFunction) -> str:
-        rep = find_representor(self.sysfs, vf)
+        # sysfs first (every switchdev driver exposes it), devlink's port dump as a fallback.
+        rep = find_representor(self.sysfs, vf) or representor_from_devlink(vf.pf_address, vf.index)
         if rep is None:
             raise CniError(
                 Code.INVALID_CONFIG,

@@ -487,3 +487,37 @@ def attachment_offload(record: Any, node: Any, appctl_target: str | None = None,
     snap = collect(node, appctl_target, timeout, settings=False)
     attach_flows([view], snap)
     return summarize(view, snap)
+
+
+@register_finding_source
+def eswitch_findings(report: Report) -> list[Finding]:
+    """For ovs-offload attachments: eswitch not in switchdev mode, hw-tc-offload off on the PF or
+    the representor — the same checks ADD makes (tenantnet/drivers/ovs_offload.py)."""
+    views = [a for a in report.attachments if a.mode == "ovs-offload" and getattr(a, "record", None)]
+    if not views or report.node is None:
+        return []
+    from tenantnet.drivers.ovs_offload import OvsOffloadDriver
+    from tenantnet.system.sysfs import SysfsError
+
+    driver = OvsOffloadDriver(report.node)
+    codes = {"eswitchSwitchdev": "eswitch-legacy", "hwTcOffload": "hw-tc-offload-off"}
+    found: dict[tuple[str, str], Finding] = {}
+    for view in views:
+        plan = view.record.plan
+        try:
+            vf = driver.sysfs.vf(plan["deviceID"])
+        except (SysfsError, KeyError):
+            continue
+        checks = []
+        mode = driver.control.eswitch_mode(vf.pf_netdev or "", vf.pf_address)
+        if mode is not None and mode != "switchdev":
+            checks.append(("eswitchSwitchdev", f"the eswitch of PF {vf.pf_address} is in {mode} mode",
+                           f"devlink dev eswitch set pci/{vf.pf_address} mode switchdev"))
+        for name in filter(None, (vf.pf_netdev, plan.get("representor"))):
+            if driver.control.hw_tc_offload(name) is False:
+                checks.append(("hwTcOffload", f"hw-tc-offload is off on {name}",
+                               f"ethtool -K {name} hw-tc-offload on"))
+        for key, message, fix in checks:
+            found[(key, message)] = Finding(codes[key], "error", message + ": no flow of this "
+                                            "attachment can be offloaded", fix, view.port or "node")
+    return list(found.values())

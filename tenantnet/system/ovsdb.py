@@ -105,6 +105,16 @@ class PortSpec:
     external_ids: dict[str, str] = field(default_factory=dict)
 
 
+def _classify(what: str, exc: Exception) -> Exception:
+    """A busy OVSDB (ovsdbapp's time-out, its full transaction queue) is worth a retry: code 11
+    via OvsdbUnavailable; anything else is a failed transaction."""
+    from ovsdbapp import exceptions as ovsdbapp_exceptions
+
+    if isinstance(exc, ovsdbapp_exceptions.TimeoutException) or "TXN queue is full" in str(exc):
+        return OvsdbUnavailable(f"{what}: OVSDB is busy: {exc}")
+    return OvsdbFailure(f"{what}: {exc}")
+
+
 def _opt(value: Any) -> Any:
     """OVSDB optional columns come back as [] or [x]."""
     if isinstance(value, list):
@@ -154,7 +164,7 @@ class Ovsdb:
         except OvsdbUnavailable:
             raise
         except Exception as exc:
-            raise OvsdbFailure(f"{what}: {exc}") from None
+            raise _classify(what, exc) from None
 
     # ---- queries --------------------------------------------------------------------
     def bridge_exists(self, bridge: str) -> bool:
@@ -262,7 +272,7 @@ class Ovsdb:
                 txn.add(api.db_set("Port", spec.name, *port_cols))
                 txn.add(api.db_set("Interface", spec.name, *iface_cols))
         except Exception as exc:
-            raise OvsdbFailure(f"adding port {spec.name} to bridge {spec.bridge}: {exc}") from None
+            raise _classify(f"adding port {spec.name} to bridge {spec.bridge}", exc) from None
 
     def delete_port(self, name: str) -> bool:
         """Delete a port we own; False if absent. A port not ours is left alone."""

@@ -332,3 +332,28 @@ def find_representor(sysfs: Sysfs, vf: VirtualFunction) -> str | None:
             continue  # another PF's VF with the same index on a shared switch
         return name
     return None
+
+
+def representor_from_devlink(pf_address: str, vf_index: int, dump: str | None = None) -> str | None:
+    """The VF's representor from devlink's port dump (`devlink -j port show`), where the kernel
+    offers it: a port of the PF's devlink instance with flavour `pcivf` and that `vfnum`.
+    `dump` is the JSON text (tests); None runs devlink. None when there is no such port."""
+    import json
+    import subprocess
+
+    if dump is None:
+        try:
+            dump = subprocess.run(["devlink", "-j", "port", "show"], capture_output=True, text=True,
+                                  timeout=5, check=False).stdout
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+    try:
+        ports = json.loads(dump).get("port") or {}
+    except (ValueError, AttributeError):
+        return None
+    for handle, attrs in ports.items():
+        if not handle.startswith(f"pci/{pf_address}/") or not isinstance(attrs, dict):
+            continue
+        if attrs.get("flavour") == "pcivf" and attrs.get("vfnum") == vf_index and attrs.get("netdev"):
+            return str(attrs["netdev"])
+    return None

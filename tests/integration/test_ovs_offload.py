@@ -143,3 +143,47 @@ def test_offload_check_require_fails_on_software_datapath(switchdev_lab, off, ne
     assert "in hardware" in check.out["msg"] or "software" in check.out["msg"], check.out["msg"]
     for ns, cid, conf, _ in pods:
         assert off.call("DEL", conf, cid, ns.path).code == 0
+
+
+def test_offload_report_shows_representor_flows_and_nic_findings(switchdev_lab, off, netns_factory):
+    import sys
+    from pathlib import Path
+
+    ctl = [str(Path(sys.executable).parent / "tenantnetctl"), "--node-config", str(switchdev_lab.node_config),
+           "offload", "--network", "offnet", "--json"]
+    vfs = nic(switchdev_lab)["vfs"]
+    pods = []
+    for vf in vfs[:2]:
+        ns = netns_factory()
+        cid = new_cid()
+        conf = conf_for(switchdev_lab, vf)
+        inv = off.add(conf, ns, cid)
+        assert inv.code == 0, inv.stdout
+        pods.append((ns, cid, conf, inv.out["ips"][0]["address"].split("/")[0]))
+    assert pods[0][0].run("ping", "-c", "5", "-i", "0.1", "-W", "2", pods[1][3]).returncode == 0
+    report = json.loads(subprocess.run(ctl, capture_output=True, text=True).stdout)
+    ports = {a["port"] for a in report["attachments"]}
+    assert ports == {vfs[0]["representor"], vfs[1]["representor"]}
+    for a in report["attachments"]:
+        assert a["representor"] == a["port"] and a["flows"], a
+        assert a["totals"]["software"]["packets"] >= 5 and a["hwPacketShare"] == 0
+    assert report["softwareOnly"] is True
+    assert "hw-tc-offload-off" not in {f["code"] for f in report["findings"]}
+    # counters grow with the traffic sent
+    assert pods[0][0].run("ping", "-c", "10", "-i", "0.05", "-W", "2", pods[1][3]).returncode == 0
+    again = json.loads(subprocess.run(ctl, capture_output=True, text=True).stdout)
+    before = {a["port"]: a["totals"]["software"]["packets"] for a in report["attachments"]}
+    for a in again["attachments"]:
+        assert a["totals"]["software"]["packets"] >= before[a["port"]] + 10, a["port"]
+    state = LabNic(str(switchdev_lab.root))
+    with state.locked_state() as s:
+        next(iter(s["pfs"].values()))["hwTcOffload"] = False
+    try:
+        report = json.loads(subprocess.run(ctl, capture_output=True, text=True).stdout)
+        off_findings = [f for f in report["findings"] if f["code"] == "hw-tc-offload-off"]
+        assert off_findings and "ethtool -K" in off_findings[0]["fix"]
+    finally:
+        with state.locked_state() as s:
+            next(iter(s["pfs"].values()))["hwTcOffload"] = True
+    for ns, cid, conf, _ in pods:
+        assert off.call("DEL", conf, cid, ns.path).code == 0

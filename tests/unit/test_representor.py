@@ -42,3 +42,16 @@ def test_other_switch_is_ignored(tmp_path):
     (tmp_path / "class" / "net" / "rep0").resolve().joinpath("phys_switch_id").write_text("bbbb")
     sysfs = Sysfs(str(tmp_path))
     assert find_representor(sysfs, sysfs.vfs_of_pf(pf.address)[0]) is None
+
+
+def test_representor_from_devlink_port_dump():
+    from pathlib import Path
+
+    from tenantnet.system.sysfs import representor_from_devlink
+
+    dump = (Path(__file__).parent.parent / "fixtures" / "devlink" / "port-show-switchdev.json").read_text()
+    assert representor_from_devlink("0000:06:00.0", 1, dump) == "ens2f0pf0vf1"
+    assert representor_from_devlink("0000:06:00.1", 0, dump) == "ens2f1pf1vf0"
+    assert representor_from_devlink("0000:06:00.0", 7, dump) is None  # no such VF
+    assert representor_from_devlink("0000:06:00.0", 0, '{"port": {}}') is None
+    assert representor_from_devlink("0000:06:00.0", 0, "not json") is None

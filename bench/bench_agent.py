@@ -1,0 +1,218 @@
+"""The fast path: tenantnet through the shim + agent, beside the in-process plugin and
+Debian's Go `bridge` + `host-local`, measured in the same run on this machine.
+
+1. ADD/DEL latency, mode `ovs` on the lab's OVS, one attachment at a time, interleaved:
+   shim + agent with tenantnet-ipam (in the agent) and with Go host-local (exec'd by the
+   agent); in-process (no agent) with host-local; Go bridge + host-local.
+2. The shim's own cost: VERSION through an agent (which does nothing for it) beside the
+   bare interpreter start and VERSION in-process.
+3. The burst: 128 pods × 8 attachments (1,024 ADDs, 16 execs in parallel, lab OVS ports,
+   tenantnet-ipam), then the 1,024 DELs; afterwards no OVS port, address or record may be
+   left; the agent's peak RSS.
+
+Every figure is the wall time of one exec as a runtime would see it (env + stdin, fork +
+exec + wait); netns creation is outside the timing.
+
+    .venv/bin/python bench/bench_agent.py [--count 30] [--pods 128] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import exec_plugin, machine_line, summary, table, write_block  # noqa: E402
+from tenantnet import agent as agentmod  # noqa: E402
+from tenantnet import lab, shim  # noqa: E402
+
+BIN = Path(sys.executable).parent
+PLUGIN = str(BIN / "tenantnet")
+GO_BRIDGE = "/usr/lib/cni/bridge"
+
+
+def start_agent(node_config: Path, log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.agent", "--node-config", str(node_config),
+                                 "run"], stdout=subprocess.DEVNULL, stderr=err)
+    sock = shim.agent_socket_of(str(node_config))[0]
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            agentmod.query_status(sock)
+            return proc
+        except (shim.AgentUnavailable, shim.AgentFailed):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"agent did not start: {log.read_text()}") from None
+            time.sleep(0.05)
+
+
+def netns_add(name: str) -> str:
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    return f"/run/netns/{name}"
+
+
+def timed(cmd: list[str], env: dict[str, str], stdin: bytes) -> float:
+    start = time.perf_counter()
+    proc = subprocess.run(cmd, input=stdin, env=env, capture_output=True, check=False)
+    elapsed = (time.perf_counter() - start) * 1000
+    if proc.returncode != 0:
+        raise SystemExit(f"{cmd} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
+    return elapsed
+
+
+def latency(info: lab.LabInfo, work: Path, agent_conf: Path, plain_conf: Path, count: int) -> list[str]:
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_PATH": f"{BIN}:/usr/lib/cni",
+            "CNI_IFNAME": "net1", "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p"}
+    hostlocal = {"type": "host-local", "ranges": [[{"subnet": "10.211.0.0/16"}]], "dataDir": str(work / "hl")}
+    own = {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.212.0.0/16"}]], "dataDir": str(work / "ipam")}
+    ours = {"cniVersion": "1.0.0", "name": "bench-agent", "type": "tenantnet", "bridge": info.bridge,
+            "vlan": 100}
+    go = {"cniVersion": "1.0.0", "name": "bench-go", "type": "bridge", "bridge": "tnbench1",
+          "ipam": {**hostlocal, "ranges": [[{"subnet": "10.213.0.0/16"}]]}}
+    variants = {
+        "agent+own": (PLUGIN, agent_conf, {**ours, "ipam": own}),
+        "agent+hl": (PLUGIN, agent_conf, {**ours, "ipam": hostlocal}),
+        "inproc+hl": (PLUGIN, plain_conf, {**ours, "ipam": hostlocal}),
+        "go": (GO_BRIDGE, plain_conf, go),
+    }
+    times: dict[str, list[float]] = {f"{v}-{verb}": [] for v in variants for verb in ("add", "del")}
+    for i in range(count):
+        for who, (cmd, node, conf) in variants.items():
+            name = f"tnba-{uuid.uuid4().hex[:8]}"
+            path = netns_add(name)
+            try:
+                env = {**base, "TENANTNET_CONFIG": str(node), "CNI_CONTAINERID": uuid.uuid4().hex,
+                       "CNI_NETNS": path}
+                times[f"{who}-add"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "ADD"}, conf))
+                times[f"{who}-del"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "DEL"}, conf))
+            finally:
+                subprocess.run(["ip", "netns", "delete", name], check=False)
+        print(f"\rlatency {i + 1}/{count}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    subprocess.run(["ip", "link", "delete", "tnbench1"], capture_output=True, check=False)
+    s = {k: summary(v) for k, v in times.items()}
+    lines = ["**Mode `ovs`, one attachment at a time** (ratio: against Go `bridge`+`host-local`):", ""]
+    lines += table([("ADD", s["agent+own-add"], s["go-add"]), ("DEL", s["agent+own-del"], s["go-del"])],
+                   "shim+agent, tenantnet-ipam", "Go `bridge`+`host-local`")
+    lines += ["", *table([("ADD", s["agent+hl-add"], s["go-add"]), ("DEL", s["agent+hl-del"], s["go-del"])],
+                         "shim+agent, Go host-local", "Go `bridge`+`host-local`")]
+    lines += ["", *table([("ADD", s["inproc+hl-add"], s["go-add"]), ("DEL", s["inproc+hl-del"], s["go-del"])],
+                         "in-process (no agent), Go host-local", "Go `bridge`+`host-local`")]
+    return lines
+
+
+def overhead(agent_conf: Path, plain_conf: Path, count: int) -> list[str]:
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": "VERSION"}
+    rows: dict[str, list[float]] = {"python": [], "agent": [], "inproc": []}
+    for _ in range(count):
+        rows["python"].append(timed([sys.executable, "-c", "pass"], base, b""))
+        rows["agent"].append(timed([PLUGIN], {**base, "TENANTNET_CONFIG": str(agent_conf)}, b"{}"))
+        rows["inproc"].append(timed([PLUGIN], {**base, "TENANTNET_CONFIG": str(plain_conf)}, b"{}"))
+    s = {k: summary(v) for k, v in rows.items()}
+    labels = {"python": "`python -c pass` (the interpreter alone)", "agent": "shim → agent",
+              "inproc": "shim, no agent → in-process"}
+    return ["**The shim's own cost** (VERSION: the agent does nothing but answer):", "",
+            "| exec | median | p90 |", "|---|---:|---:|",
+            *(f"| {label} | {s[k]['median']:.1f} | {s[k]['p90']:.1f} |" for k, label in labels.items())]
+
+
+def burst(info: lab.LabInfo, work: Path, agent_conf: Path, sock: str, pods: int, rails: int,
+          parallel: int) -> list[str]:
+    ipam_dir = work / "burst-ipam"
+    ipam = {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.214.0.0/16"}]], "dataDir": str(ipam_dir)}
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "bench-burst", "type": "tenantnet",
+                       "bridge": info.bridge, "vlan": 200, "ipam": ipam}).encode()
+    names = [f"tnbb-{uuid.uuid4().hex[:8]}" for _ in range(pods)]
+    paths = [netns_add(n) for n in names]
+    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_PATH": f"{BIN}:/usr/lib/cni",
+            "TENANTNET_CONFIG": str(agent_conf)}
+    jobs = [(uuid.uuid4().hex, path, f"net{r}") for path in paths for r in range(1, rails + 1)]
+
+    def one(command: str, job: tuple[str, str, str]) -> tuple[int, bytes]:
+        cid, path, ifname = job
+        env = {**base, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname,
+               "CNI_NETNS": path if command == "ADD" else "",
+               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=burst;K8S_POD_NAME={cid[:8]}"}
+        proc = subprocess.run([PLUGIN], input=conf, env=env, capture_output=True, check=False)
+        return proc.returncode, proc.stdout
+
+    try:
+        with ThreadPoolExecutor(parallel) as pool:
+            start = time.perf_counter()
+            adds = list(pool.map(lambda j: one("ADD", j), jobs))
+            add_s = time.perf_counter() - start
+            ports_up = sum(1 for c, _ in adds if c == 0)
+            start = time.perf_counter()
+            dels = list(pool.map(lambda j: one("DEL", j), jobs))
+            del_s = time.perf_counter() - start
+    finally:
+        for n in names:
+            subprocess.run(["ip", "netns", "delete", n], check=False)
+    failed = sorted({json.loads(out)["msg"][-160:] for c, out in adds + dels if c != 0 and out.strip()})
+    status = agentmod.query_status(sock)
+    ports = json.loads(lab.vsctl(info.root, "--format=json", "--columns=name,external_ids", "list", "Port"))
+    owned = [n for n, ids in ports["data"] if dict(ids[1]).get("tenantnet-owner") == "tenantnet"]
+    with sqlite3.connect(ipam_dir / "ipam.db") as db:
+        addresses = db.execute("SELECT count(*) FROM allocation").fetchone()[0]
+    records = [p for p in (Path(info.state_dir) / "attachments").rglob("*") if p.is_file()]
+    n = len(jobs)
+    return [f"**Burst**: {pods} pods × {rails} attachments = {n} ADDs, {parallel} execs in parallel, "
+            "lab OVS + tenantnet-ipam, through shim + agent; then the same DELs:", "",
+            "| phase | wall time (s) | per attachment (ms) | failed |", "|---|---:|---:|---:|",
+            f"| {n} ADDs | {add_s:.1f} | {add_s * 1000 / n:.1f} | {n - ports_up} |",
+            f"| {n} DELs | {del_s:.1f} | {del_s * 1000 / n:.1f} | {sum(1 for c, _ in dels if c)} |",
+            "",
+            f"Left afterwards: {len(owned)} OVS ports of ours, {addresses} addresses, "
+            f"{len(records)} records. "
+            f"Agent peak RSS {status['peakRssKb'] / 1024:.0f} MB ({status['workers']} workers, limit "
+            f"{status['maxInflight']} in flight, {status['rejected']} rejected)."
+            + (f" Distinct failures (message ends): {failed[:3]}" if failed else "")]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=30, help="attachments per variant (default 30)")
+    ap.add_argument("--pods", type=int, default=128, help="pods in the burst (default 128)")
+    ap.add_argument("--rails", type=int, default=8, help="attachments per pod (default 8)")
+    ap.add_argument("--parallel", type=int, default=16, help="execs at once in the burst (default 16)")
+    ap.add_argument("--out", help="markdown file to update between the bench_agent markers")
+    args = ap.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="tnba-"))
+    info = lab.up(str(work / "lab"))
+    node_text = Path(info.node_config).read_text()
+    agent_conf = work / "agent.yaml"
+    agent_conf.write_text(node_text + f"agentSocket: {work}/sock/agent.sock\n")
+    plain_conf = work / "plain.yaml"  # names a socket nobody serves: always in-process
+    plain_conf.write_text(node_text + f"agentSocket: {work}/none/agent.sock\n")
+    agent = start_agent(agent_conf, work / "agent.err")
+    try:
+        lines = [machine_line(args.count, "attachments per variant"), ""]
+        lines += latency(info, work, agent_conf, plain_conf, args.count)
+        lines += ["", *overhead(agent_conf, plain_conf, max(args.count, 30))]
+        lines += ["", *burst(info, work, agent_conf, f"{work}/sock/agent.sock", args.pods, args.rails,
+                             args.parallel)]
+    finally:
+        if agent.poll() is None:
+            os.kill(agent.pid, signal.SIGTERM)
+            agent.wait(timeout=30)
+        lab.down(info.root)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    write_block(args.out, "bench_agent", lines)
+
+
+if __name__ == "__main__":
+    main()

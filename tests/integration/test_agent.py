@@ -1,0 +1,272 @@
+"""The agent behind the shim: permissions, admission (over the limit → code 11 at once), a
+stalled agent (the shim's time-out → code 11), a missing agent (STATUS 50, the rest
+in-process), and SIGKILL in the middle of a burst followed by DEL of everything.
+
+Each test starts its own agent (own socket in a private temp dir, via the node config's
+`agentSocket`) on the session's lab, and stops it by pid, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import sqlite3
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenantnet import agent as agentmod
+from tenantnet import shim
+from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, new_cid
+
+
+@dataclass
+class AgentProcess:
+    """A `python -m tenantnet.agent run` started by a test; stopped by its pid."""
+
+    proc: subprocess.Popen[bytes]
+    socket: str
+    node_config: Path
+    log: Path
+
+    def status(self) -> dict[str, Any]:
+        return agentmod.query_status(self.socket, timeout=5)
+
+    def served(self) -> int:
+        return int(self.status()["served"])
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, sig)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # in case a test left it stopped
+            self.kill(signal.SIGTERM)
+
+
+def agent_node_config(lab: Lab, run_dir: Path) -> Path:
+    """The lab's node config plus `agentSocket` in a private directory."""
+    path = run_dir / "node.yaml"
+    path.write_text(lab.node_config.read_text() + f"agentSocket: {run_dir}/sock/agent.sock\n")
+    return path
+
+
+def start_agent(node_config: Path, *args: str, wait: bool = True) -> AgentProcess:
+    socket_path, _ = shim.agent_socket_of(str(node_config))
+    log = node_config.parent / f"agent-{uuid.uuid4().hex[:6]}.err"
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.agent", "--node-config", str(node_config),
+                                 "run", *args], stdout=subprocess.DEVNULL, stderr=err)
+    handle = AgentProcess(proc, socket_path, node_config, log)
+    if wait:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                handle.status()
+                break
+            except (shim.AgentUnavailable, shim.AgentFailed):
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    handle.kill()
+                    raise AssertionError(f"agent did not come up: {log.read_text()}") from None
+                time.sleep(0.05)
+    return handle
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    # Not pytest's tmp_path: a unix socket path must stay under 108 bytes.
+    path = Path(tempfile.mkdtemp(prefix="tna-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def agents() -> Iterator[list[AgentProcess]]:
+    """Every agent a test starts goes in here and is stopped afterwards, pass or fail."""
+    started: list[AgentProcess] = []
+    yield started
+    for a in started:
+        a.stop()
+
+
+def shim_env(node_config: Path, command: str, **extra: str) -> dict[str, str]:
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": command,
+           "CNI_PATH": f"{BIN}:{GO_PLUGINS}", "TENANTNET_CONFIG": str(node_config),
+           "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns1;K8S_POD_NAME=pod1"}
+    env.update(extra)
+    return env
+
+
+def call(env: dict[str, str], conf: dict[str, Any] | bytes, timeout: float = 60) -> tuple[int, Any, float]:
+    data = conf if isinstance(conf, bytes) else json.dumps(conf).encode()
+    started = time.monotonic()
+    proc = subprocess.run([PLUGIN], input=data, env=env, capture_output=True, timeout=timeout, check=False)
+    elapsed = time.monotonic() - started
+    out = json.loads(proc.stdout) if proc.stdout.strip() else None
+    return proc.returncode, out, elapsed
+
+
+# ---- the socket ------------------------------------------------------------------------------
+
+def test_socket_is_private_and_one_agent_per_socket(lab, run_dir, agents):
+    node = agent_node_config(lab, run_dir)
+    agents.append(a := start_agent(node))
+    assert stat.S_IMODE(os.stat(a.socket).st_mode) == 0o600
+    assert stat.S_IMODE(os.stat(os.path.dirname(a.socket)).st_mode) == 0o700
+    agents.append(second := start_agent(node, wait=False))
+    assert second.proc.wait(timeout=30) == 1
+    assert "another tenantnet agent serves" in second.log.read_text()
+    assert a.status()["pid"] == a.proc.pid  # the first one is untouched
+    shared = run_dir / "shared"
+    shared.mkdir(mode=0o755)
+    os.chmod(shared, 0o755)
+    agents.append(loose := start_agent(node, "--socket", f"{shared}/agent.sock", wait=False))
+    assert loose.proc.wait(timeout=30) == 1 and "mode 0700" in loose.log.read_text()
+
+
+# ---- admission and time-outs -----------------------------------------------------------------
+
+def test_over_limit_requests_get_code_11_promptly(lab, run_dir, agents):
+    node = agent_node_config(lab, run_dir)
+    agents.append(a := start_agent(node, "--max-inflight", "2"))
+    idle = []
+    for _ in range(2):  # two clients that connect and say nothing: both count as in flight
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(a.socket)
+        idle.append(s)
+    time.sleep(0.2)
+    try:
+        code, out, elapsed = call(shim_env(node, "ADD", CNI_CONTAINERID=new_cid(), CNI_IFNAME="net1",
+                                           CNI_NETNS="/run/netns/none"),
+                                  {"cniVersion": "0.4.0", "name": "n", "type": "tenantnet"})
+        assert code == 1 and out["code"] == 11 and out["cniVersion"] == "0.4.0", out
+        assert "busy" in out["msg"] and elapsed < 2
+    finally:
+        for s in idle:
+            s.close()
+    deadline = time.monotonic() + 10
+    while True:  # the agent notices the closed idle connections within its read time-out
+        try:
+            report = a.status()
+            break
+        except shim.AgentFailed:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    assert report["rejected"] >= 1 and report["maxInflight"] == 2
+    code, out, _ = call(shim_env(node, "VERSION"), b"{}")
+    assert code == 0 and out["supportedVersions"]
+
+
+def test_stalled_agent_makes_the_shim_give_up_with_code_11(lab, run_dir, agents, netns_factory):
+    node = agent_node_config(lab, run_dir)
+    agents.append(a := start_agent(node))
+    ns = netns_factory()
+    conf = {"cniVersion": "1.0.0", "name": "stall", "type": "tenantnet", "bridge": lab.bridge}
+    cid = new_cid()
+    os.kill(a.proc.pid, signal.SIGSTOP)
+    try:
+        code, out, elapsed = call(shim_env(node, "ADD", CNI_CONTAINERID=cid, CNI_IFNAME="net1",
+                                           CNI_NETNS=ns.path, TENANTNET_AGENT_TIMEOUT="1"), conf)
+    finally:
+        os.kill(a.proc.pid, signal.SIGCONT)
+    assert code == 1 and out["code"] == 11 and "did not answer within 1s" in out["msg"], out
+    assert elapsed < 4
+    # The queued request expired in the agent instead of attaching for a caller long gone.
+    deadline = time.monotonic() + 10
+    while a.status()["expired"] != 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert a.status()["expired"] == 1 and a.status()["served"] == 0
+    code, _, _ = call(shim_env(node, "DEL", CNI_CONTAINERID=cid, CNI_IFNAME="net1", CNI_NETNS=""), conf)
+    assert code == 0 and lab.records() == []
+
+
+def test_missing_agent_status_50_other_verbs_in_process(lab, run_dir, agents, netns_factory):
+    node = agent_node_config(lab, run_dir)
+    conf = {"cniVersion": "1.1.0", "name": "gone", "type": "tenantnet", "bridge": lab.bridge}
+    health = [sys.executable, "-m", "tenantnet.agent", "--node-config", str(node), "status"]
+    code, out, _ = call(shim_env(node, "STATUS"), conf)
+    assert code == 1 and out["code"] == 50 and "agent" in out["msg"]
+    assert subprocess.run(health, capture_output=True, check=False).returncode == 3
+    ns = netns_factory()
+    cid = new_cid()
+    env = shim_env(node, "ADD", CNI_CONTAINERID=cid, CNI_IFNAME="net1", CNI_NETNS=ns.path)
+    code, out, _ = call(env, conf)  # in-process
+    assert code == 0 and out["interfaces"][1]["name"] == "net1"
+    agents.append(start_agent(node))
+    assert call(shim_env(node, "STATUS"), conf)[0] == 0
+    report = json.loads(subprocess.run([*health, "--json"], capture_output=True, check=True).stdout)
+    assert report["running"] and report["served"] == 1
+    code, _, _ = call({**env, "CNI_COMMAND": "DEL"}, conf)  # through the agent
+    assert code == 0 and lab.records() == [] and lab.owned_ports() == []
+
+
+# ---- SIGKILL during a burst ------------------------------------------------------------------
+
+def test_agent_sigkilled_during_burst_then_del_of_everything_leaves_nothing(lab, run_dir, agents,
+                                                                          netns_factory):
+    from tenantnet.drivers.ovs import host_ifname
+
+    node = agent_node_config(lab, run_dir)
+    agents.append(first := start_agent(node))
+    ipam_dir = run_dir / "ipam"
+    conf = {"cniVersion": "1.0.0", "name": "burst", "type": "tenantnet", "bridge": lab.bridge, "vlan": 10,
+            "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.123.0.0/24"}]],
+                     "dataDir": str(ipam_dir)}}
+    pods = [(netns_factory(), new_cid()) for _ in range(8)]
+    attachments = [(ns, cid, f"net{i}") for ns, cid in pods for i in range(1, 9)]  # 64
+
+    gate = threading.Event()  # closed while the agent restarts
+    gate.set()
+
+    def verb(command: str, ns: Any, cid: str, ifname: str) -> tuple[int, Any, float]:
+        gate.wait()
+        return call(shim_env(node, command, CNI_CONTAINERID=cid, CNI_IFNAME=ifname,
+                             CNI_NETNS=ns.path if command == "ADD" else ""), conf)
+
+    codes = []
+    with ThreadPoolExecutor(16) as pool:
+        futures = [pool.submit(verb, "ADD", *a) for a in attachments]
+        for n, fut in enumerate(as_completed(futures), 1):
+            if n == 20:
+                # Mid-burst, with requests in flight. New calls wait for the restart: during
+                # it they would run in-process (≈ 1 s of CPU each, tested elsewhere), which
+                # on 2 cores only makes this test slow. Calls already past the gate may
+                # still take that path.
+                gate.clear()
+                first.kill()
+                agents.append(start_agent(node))  # the DaemonSet restarts it
+                gate.set()
+            code, out, _ = fut.result()
+            codes.append(out["code"] if code else 0)
+    # Each ADD either completed, or got "try again" when the agent died under it.
+    assert set(codes) <= {0, 11}, codes
+    assert codes.count(0) >= 20
+    with ThreadPoolExecutor(16) as pool:
+        dels = list(pool.map(lambda a: verb("DEL", *a), attachments))
+    assert [c for c, _, _ in dels] == [0] * len(attachments), [o for c, o, _ in dels if c]
+    assert lab.owned_ports() == []
+    assert [p for p in (lab.state_dir / "attachments").rglob("*") if p.is_file()] == []
+    with sqlite3.connect(ipam_dir / "ipam.db") as db:
+        assert db.execute("SELECT count(*) FROM allocation").fetchone()[0] == 0
+    left = [n for _, cid, ifname in attachments
+            if os.path.exists(f"/sys/class/net/{(n := host_ifname(cid, ifname))}")]
+    assert left == []
+    for ns, _ in pods:
+        links = json.loads(ns.run("ip", "-j", "link", "show").stdout)
+        assert [link["ifname"] for link in links] == ["lo"]
