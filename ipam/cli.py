@@ -164,8 +164,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
     return 0
 
 
-@_guard
-def cmd_show(args: argparse.Namespace) -> int:
+def _held(args: argparse.Namespace) -> tuple[Any, list[Any]] | int:
+    """The store and the allocations of args.address (in args.network), or an exit code."""
     store = _store(args)
     if store is None:
         return 1
@@ -175,6 +175,15 @@ def cmd_show(args: argparse.Namespace) -> int:
     if not rows:
         return _fail(f"{args.address} is not allocated"
                      + (f" in network {args.network!r}" if args.network else ""))
+    return store, rows
+
+
+@_guard
+def cmd_show(args: argparse.Namespace) -> int:
+    held = _held(args)
+    if isinstance(held, int):
+        return held
+    _, rows = held
     text = "\n\n".join(
         "\n".join(f"{k:13} {v}" for k, v in a.to_dict().items() if k != "created")
         + f"\n{'created':13} {_when(a.created)}"
@@ -186,15 +195,10 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_release(args: argparse.Namespace) -> int:
-    store = _store(args)
-    if store is None:
-        return 1
-    rows = _matching(store, args.address, args.network)
-    if rows is None:
-        return 1
-    if not rows:
-        return _fail(f"{args.address} is not allocated"
-                     + (f" in network {args.network!r}" if args.network else ""))
+    held = _held(args)
+    if isinstance(held, int):
+        return held
+    store, rows = held
     if len(rows) > 1:
         nets = ", ".join(a.network for a in rows)
         return _fail(f"{args.address} is allocated in several networks ({nets}); "

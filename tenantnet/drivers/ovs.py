@@ -91,13 +91,7 @@ class OvsDriver(Driver):
 
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
         host = record.plan["hostIfname"]
-        drift = check_owned_port(self._db(record), record, host)
-        link = netlink.host_link(host)
-        if link is None:
-            drift.append(f"host link {host} is missing")
-        elif not link.up:
-            drift.append(f"host link {host} is down")
-        return drift
+        return check_owned_port(self._db(record), record, host) + link_drift(host, "host link")
 
     def describe(self, record: AttachmentRecord) -> dict[str, Any]:
         port = self._db(record).port(record.plan["hostIfname"])
@@ -178,3 +172,11 @@ def check_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, name: str) -> li
     if port.error:
         drift.append(f"OVS interface {name} reports error: {port.error}")
     return drift
+
+
+def link_drift(name: str, what: str) -> list[str]:
+    """A host-side link of the attachment that is missing or down."""
+    link = netlink.host_link(name)
+    if link is None:
+        return [f"{what} {name} is missing"]
+    return [] if link.up else [f"{what} {name} is down"]

@@ -18,7 +18,7 @@ from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.result import Interface
 from tenantnet.drivers.base import Attached
-from tenantnet.drivers.ovs import add_owned_port, check_owned_port
+from tenantnet.drivers.ovs import add_owned_port, check_owned_port, link_drift
 from tenantnet.drivers.sriov import SriovDriver
 from tenantnet.netconf import TenantnetConf
 from tenantnet.records import AttachmentRecord
@@ -146,12 +146,7 @@ class OvsOffloadDriver(SriovDriver):
         drift = super().check(record, conf)
         rep = record.plan["representor"]
         drift += check_owned_port(self._db(record.plan.get("ovsdb")), record, rep)
-        link = netlink.host_link(rep)
-        if link is None:
-            drift.append(f"representor {rep} is missing")
-        elif not link.up:
-            drift.append(f"representor {rep} is down")
-        return drift
+        return drift + link_drift(rep, "representor")
 
     def describe(self, record: AttachmentRecord) -> dict[str, Any]:
         out = super().describe(record)
