@@ -34,7 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import exec_plugin, machine_line, summary, table, write_block  # noqa: E402
+from bench.common import exec_plugin, machine_line, runtime_env, summary, table, write_block  # noqa: E402
 from tenantnet import agent as agentmod  # noqa: E402
 from tenantnet import lab, shim  # noqa: E402
 
@@ -74,8 +74,7 @@ def timed(cmd: list[str], env: dict[str, str], stdin: bytes) -> float:
 
 
 def latency(info: lab.LabInfo, work: Path, agent_conf: Path, plain_conf: Path, count: int) -> list[str]:
-    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_PATH": f"{BIN}:/usr/lib/cni",
-            "CNI_IFNAME": "net1", "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p"}
+    base = runtime_env()
     hostlocal = {"type": "host-local", "ranges": [[{"subnet": "10.211.0.0/16"}]], "dataDir": str(work / "hl")}
     own = {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.212.0.0/16"}]], "dataDir": str(work / "ipam")}
     ours = {"cniVersion": "1.0.0", "name": "bench-agent", "type": "tenantnet", "bridge": info.bridge,

@@ -12,7 +12,6 @@ creates. Both get their address from the same Go host-local.
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -21,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import interleaved, machine_line, summary, table, write_block  # noqa: E402
+from bench.common import interleaved, machine_line, runtime_env, summary, table, write_block  # noqa: E402
 from tenantnet import lab  # noqa: E402
 
 PLUGIN = str(Path(sys.executable).parent / "tenantnet")
@@ -37,10 +36,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tn-bench-"))
     info = lab.up(str(work / "lab"))
     hostlocal = work / "host-local"
-    base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "CNI_PATH": f"{Path(sys.executable).parent}:/usr/lib/cni",
-                "TENANTNET_CONFIG": info.node_config, "CNI_IFNAME": "net1",
-                "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p"}
+    base_env = runtime_env(info.node_config)
     ipam = {"type": "host-local", "ranges": [[{"subnet": "10.201.0.0/16"}]], "dataDir": str(hostlocal)}
     ours = {"cniVersion": "1.0.0", "name": "bench-ovs", "type": "tenantnet", "bridge": info.bridge,
             "vlan": 100, "ipam": ipam}

@@ -11,7 +11,6 @@ through the (lab) PF and restores it. Both use Debian's host-local for the addre
 from __future__ import annotations
 
 import argparse
-import os
 import subprocess
 import sys
 import tempfile
@@ -20,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import interleaved, machine_line, summary, table, write_block  # noqa: E402
+from bench.common import interleaved, machine_line, runtime_env, summary, table, write_block  # noqa: E402
 from tenantnet import lab  # noqa: E402
 
 PLUGIN = str(Path(sys.executable).parent / "tenantnet")
@@ -37,10 +36,7 @@ def main() -> None:
     info = lab.up(str(work / "lab"), vfs=1)
     vf = info.nics[0]["vfs"][0]
     hostlocal = str(work / "host-local")
-    base_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                "CNI_PATH": f"{Path(sys.executable).parent}:/usr/lib/cni",
-                "TENANTNET_CONFIG": info.node_config, "CNI_IFNAME": "net1",
-                "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p"}
+    base_env = runtime_env(info.node_config)
 
     def ipam(subnet: str) -> dict:
         return {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": hostlocal}

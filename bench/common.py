@@ -11,6 +11,19 @@ import time
 from pathlib import Path
 
 
+def runtime_env(node_config: str | None = None) -> dict[str, str]:
+    """What a runtime passes to every call of this venv's plugins (the verb-specific rest is added
+    per call): PATH, CNI_PATH with the venv's bin and Debian's Go plugins, pod identity args."""
+    import sys
+
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+           "CNI_PATH": f"{Path(sys.executable).parent}:/usr/lib/cni",
+           "CNI_IFNAME": "net1", "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p"}
+    if node_config:
+        env["TENANTNET_CONFIG"] = node_config
+    return env
+
+
 def exec_plugin(cmd: str, env: dict[str, str], conf: dict) -> float:
     """Wall time (ms) of one exec; a failure stops the benchmark (figures would be meaningless)."""
     start = time.perf_counter()

@@ -88,17 +88,15 @@ _DRIVERS = {
     "sriov": "tenantnet.drivers.sriov:SriovDriver",
     "ovs-offload": "tenantnet.drivers.ovs_offload:OvsOffloadDriver",
 }
-_LATER: dict[str, str] = {}
 
 
 def for_mode(mode: str, node: NodeConfig) -> Driver:
     target = _DRIVERS.get(mode)
     if target is None:
-        what = _LATER.get(mode, f"mode {mode!r}")
         raise CniError(
             Code.UNSUPPORTED_FIELD,
-            f"unsupported field value: mode={mode!r}: {what} is not available in this version "
-            f"of tenantnet; available modes: {', '.join(_DRIVERS)}",
+            f"unsupported field value: mode={mode!r}: not available in this version of tenantnet; "
+            f"available modes: {', '.join(_DRIVERS)}",
         )
     module, _, cls = target.partition(":")
     driver: Driver = getattr(importlib.import_module(module), cls)(node)
