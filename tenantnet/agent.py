@@ -180,14 +180,14 @@ class Agent:
         from cni import skel  # noqa: F401
         from ipam import main as ipam_main  # noqa: F401
         from ipam import plugin as ipam_plugin  # noqa: F401
+        from tenantnet import config
         from tenantnet import main as tn_main  # noqa: F401
         from tenantnet.core import Plugin  # noqa: F401
         from tenantnet.drivers import ovs  # noqa: F401
-        from tenantnet.system import ovsdb
 
         try:
             node = self._node(self.node_config)
-            ovsdb.connect(node.ovsdb, node.ovsdb_timeout).api  # noqa: B018 - connects
+            config.ovsdb_handle(node).api  # noqa: B018 - connects
         except Exception as exc:  # not fatal: the first request retries and reports it
             self.log.warning("agent.ovsdb_unavailable", error=str(exc))
 

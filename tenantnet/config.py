@@ -28,6 +28,9 @@ class NodeConfig:
     log_file: str = DEFAULT_LOG_FILE
     log_level: str = "info"
     ovsdb_timeout: float = 5.0
+    # ADD/DEL of an OVS port wait until ovs-vswitchd has applied it (ovs-vsctl's default)
+    # instead of returning once OVSDB committed it (`--no-wait`, what ovs-cni does).
+    ovs_wait: bool = False
     sysfs_root: str = "/sys"
     # How VFs are configured through their PF: "netlink" (a real NIC) or "lab:<lab dir>"
     # (the lab's simulated NIC, see tenantnet/lab_nic.py).
@@ -48,6 +51,7 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "logFile": ("log_file", str, "an absolute file path"),
     "logLevel": ("log_level", str, "one of debug, info, warning, error"),
     "ovsdbTimeout": ("ovsdb_timeout", float, "a number of seconds between 0.1 and 120"),
+    "ovsWait": ("ovs_wait", bool, "true or false"),
     "sysfsRoot": ("sysfs_root", str, "an absolute directory path (default /sys)"),
     "vfControl": ("vf_control", str, "netlink, or lab:/path/of/the/lab (the lab's simulated NIC)"),
     "tenancy": ("tenancy", dict, "a mapping with tenants (see docs/tenancy.md)"),
@@ -82,6 +86,14 @@ def _bad(path: str, key: str, value: Any, allowed: str) -> CniError:
     )
 
 
+def ovsdb_handle(node: NodeConfig, endpoint: str | None = None) -> Any:
+    """The process-wide OVSDB handle for `endpoint` (default: the node's), with the node's
+    time-out and vswitchd wait."""
+    from tenantnet.system import ovsdb
+
+    return ovsdb.connect(endpoint or node.ovsdb, node.ovsdb_timeout, node.ovs_wait)
+
+
 def load(path: str | None = None) -> NodeConfig:
     path = path or os.environ.get("TENANTNET_CONFIG") or DEFAULT_PATH
     try:
@@ -111,7 +123,7 @@ def load(path: str | None = None) -> NodeConfig:
         attr, typ, allowed = _KEYS[key]
         if typ is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
-        if not isinstance(value, typ) or isinstance(value, bool):
+        if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
             raise _bad(path, key, value, allowed)
         if key == "ovsdb":
             value = normalise_ovsdb_endpoint(value)

@@ -23,7 +23,7 @@ from cni.errors import CniError, Code
 from cni.log import get as get_log
 from cni.netconf import NetConf, parse_netconf, valid_attachments
 from cni.result import DNS, Interface, IPConfig, Result, Route
-from tenantnet import devinfo, ipam_client, tenancy
+from tenantnet import config, devinfo, ipam_client, tenancy
 from tenantnet import netconf as tnconf
 from tenantnet.config import NodeConfig
 from tenantnet.drivers import base as drivers
@@ -376,7 +376,7 @@ class Plugin:
             else:
                 vf = driver.sysfs.vfs_of_pf(driver.sysfs.pf_address(tconf.vf.pfs[0]))[0]
             misses = driver.preconditions(vf, find_representor(driver.sysfs, vf),
-                                          ovsdb.connect(tconf.ovs.ovsdb or self.node.ovsdb))
+                                          config.ovsdb_handle(self.node, tconf.ovs.ovsdb))
         except (CniError, SysfsError, IndexError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
             raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: cannot check offload "
                                                f"preconditions: {getattr(exc, 'msg', exc)}") from None

@@ -12,6 +12,7 @@ from typing import Any
 from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.result import Interface
+from tenantnet import config
 from tenantnet.drivers.base import Attached, Driver
 from tenantnet.netconf import TenantnetConf
 from tenantnet.records import AttachmentRecord, PodRef
@@ -50,7 +51,7 @@ class OvsDriver(Driver):
         }
 
     def _db(self, record: AttachmentRecord) -> ovsdb.Ovsdb:
-        return ovsdb.connect(record.plan["ovsdb"] or self.node.ovsdb, self.node.ovsdb_timeout)
+        return config.ovsdb_handle(self.node, record.plan["ovsdb"])
 
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
         plan = record.plan
@@ -105,7 +106,7 @@ class OvsDriver(Driver):
 
     def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
                 plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
-        db = ovsdb.connect(plan_hint.get("ovsdb") or self.node.ovsdb, self.node.ovsdb_timeout)
+        db = config.ovsdb_handle(self.node, plan_hint.get("ovsdb"))
         found = []
         for port in db.owned_ports():
             ids = port.external_ids

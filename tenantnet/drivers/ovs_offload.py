@@ -17,6 +17,7 @@ from typing import Any
 from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.result import Interface
+from tenantnet import config
 from tenantnet.drivers.base import Attached
 from tenantnet.drivers.ovs import add_owned_port, check_owned_port, link_drift
 from tenantnet.drivers.sriov import SriovDriver
@@ -35,7 +36,7 @@ class OvsOffloadDriver(SriovDriver):
     pf_fields = ("mac",)
 
     def _db(self, endpoint: str | None) -> ovsdb.Ovsdb:
-        return ovsdb.connect(endpoint or self.node.ovsdb, self.node.ovsdb_timeout)
+        return config.ovsdb_handle(self.node, endpoint)
 
     def pf_settings(self, conf: TenantnetConf) -> tuple[VfState, list[str]]:
         return (VfState(mac=conf.mac), ["mac"]) if conf.mac else (VfState(), [])

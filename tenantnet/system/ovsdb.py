@@ -11,12 +11,24 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 OWNER_KEY = "tenantnet-owner"
 OWNER = "tenantnet"
-_TABLES = ("Open_vSwitch", "Bridge", "Port", "Interface")
+# Only the columns we read or write: the replica then carries no statistics, whose updates
+# ovs-vswitchd sends for every interface every few seconds (a burst of 1,000 ports made the
+# whole-table replica a steady CPU load).
+_COLUMNS = {
+    "Open_vSwitch": ["bridges", "cur_cfg", "next_cfg", "other_config"],
+    "Bridge": ["name", "ports", "datapath_type"],
+    "Port": ["name", "interfaces", "tag", "trunks", "vlan_mode", "external_ids"],
+    "Interface": ["name", "type", "ofport", "ofport_request", "mtu", "mtu_request", "error",
+                  "external_ids"],
+}
 
 
 class OvsdbUnavailable(Exception):
@@ -112,6 +124,8 @@ def _classify(what: str, exc: Exception) -> Exception:
 
     if isinstance(exc, ovsdbapp_exceptions.TimeoutException) or "TXN queue is full" in str(exc):
         return OvsdbUnavailable(f"{what}: OVSDB is busy: {exc}")
+    if isinstance(exc, (OvsdbFailure, OvsdbUnavailable)):
+        return exc
     return OvsdbFailure(f"{what}: {exc}")
 
 
@@ -122,10 +136,25 @@ def _opt(value: Any) -> Any:
     return value
 
 
+def _owned(row: Any) -> bool:
+    return bool(row.external_ids.get(OWNER_KEY) == OWNER)
+
+
 class Ovsdb:
-    def __init__(self, endpoint: str, timeout: float = 5.0) -> None:
+    """One endpoint: a lazily started ovsdbapp connection whose replica holds only `_COLUMNS`.
+
+    Reads come from the replica under the connection's lock (no round trip: the lock is the
+    one ovsdbapp's own thread holds while it applies updates and runs transactions); writes
+    are one transaction per port. With `wait_vswitchd` a port change also waits, on the
+    caller's thread, until ovs-vswitchd has applied it (as `ovs-vsctl` without `--no-wait`);
+    ovsdbapp's own vsctl transaction would wait on its connection thread and so hold up
+    every other request of the agent behind one reconfiguration.
+    """
+
+    def __init__(self, endpoint: str, timeout: float = 5.0, wait_vswitchd: bool = False) -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        self.wait_vswitchd = wait_vswitchd
         self._api: Any = None
         self._conn: Any = None
         self._lock = threading.Lock()
@@ -138,10 +167,13 @@ class Ovsdb:
                 from ovsdbapp.backend.ovs_idl import connection, idlutils
                 from ovsdbapp.schema.open_vswitch import impl_idl
 
+                from tenantnet.system import ovsjson
+
+                ovsjson.install()  # ovs from PyPI parses JSON in pure Python: 5 ms per port
                 try:
                     helper = idlutils.get_schema_helper(self.endpoint, "Open_vSwitch")
-                    for table in _TABLES:
-                        helper.register_table(table)
+                    for table, columns in _COLUMNS.items():
+                        helper.register_columns(table, columns)
                     idl = connection.OvsdbIdl(self.endpoint, helper)
                     self._conn = connection.Connection(idl, timeout=self.timeout)
                     self._api = impl_idl.OvsdbIdl(self._conn, start=True)
@@ -158,92 +190,128 @@ class Ovsdb:
                     pass
             self._api = self._conn = None
 
-    def _run(self, what: str, cmd: Any) -> Any:
+    @contextmanager
+    def _replica(self, what: str) -> Iterator[dict[str, Any]]:
+        """The replica's tables, consistent for the duration (ovsdbapp's thread waits)."""
+        api = self.api
+        with self._conn.lock:
+            idl = api.idl
+            # Between a lost connection and the next full sync the replica is an old snapshot:
+            # answering from it could call a bridge missing (code 7) that is merely unseen.
+            if not (idl._session.is_connected() and idl.state == idl.IDL_S_MONITORING):
+                raise OvsdbUnavailable(f"{what}: the connection to OVSDB at {self.endpoint} is "
+                                       "re-establishing; try again")
+            try:
+                yield api.idl.tables
+            except (OvsdbFailure, OvsdbUnavailable):
+                raise
+            except Exception as exc:
+                raise OvsdbFailure(f"{what}: {type(exc).__name__}: {exc}") from None
+
+    def _commit(self, what: str, *commands: Any) -> Any:
+        """`commands` in one transaction; with wait_vswitchd, return once vswitchd applied it."""
+        from ovsdbapp.backend.ovs_idl import transaction
+
+        class PortTransaction(transaction.Transaction):
+            # What AddPortCommand expects of ovsdbapp's vsctl transaction, without its
+            # wait on the connection thread; our wait (below) bumps next_cfg the same way.
+            def pre_commit(self, txn: Any) -> None:
+                txn.expected_ifaces = set()
+                if wait:
+                    self.api._ovs.increment("next_cfg")
+
+            def post_commit(self, txn: Any) -> None:
+                super().post_commit(txn)
+                self.next_cfg = txn.get_increment_new_value() if wait else None
+
+        wait = self.wait_vswitchd
+        api = self.api
+        txn = PortTransaction(api, self._conn, self.timeout, check_error=True, log_errors=False)
         try:
-            return cmd.execute(check_error=True)
-        except OvsdbUnavailable:
-            raise
+            for command in commands:
+                txn.add(command)
+            result = txn.commit()
         except Exception as exc:
             raise _classify(what, exc) from None
+        target = getattr(txn, "next_cfg", None)
+        if target is not None:
+            self._wait_applied(what, target)
+        return result
 
-    # ---- queries --------------------------------------------------------------------
+    def _wait_applied(self, what: str, next_cfg: int) -> None:
+        """Until ovs-vswitchd reports cur_cfg >= next_cfg (it has reconfigured)."""
+        deadline = time.monotonic() + self.timeout
+        pause = 0.0005
+        while True:
+            with self._replica(what) as tables:
+                rows = list(tables["Open_vSwitch"].rows.values())
+                if rows and rows[0].cur_cfg >= next_cfg:
+                    return
+            if time.monotonic() > deadline:
+                raise OvsdbUnavailable(f"{what}: ovs-vswitchd did not apply the change within "
+                                       f"{self.timeout:g}s (ovsdbTimeout); is ovs-vswitchd running?")
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
+
+    # ---- queries (from the replica) ---------------------------------------------------
+    @staticmethod
+    def _named(tables: dict[str, Any], table: str, name: str) -> Any:
+        for row in tables[table].rows.values():
+            if row.name == name:
+                return row
+        return None
+
     def bridge_exists(self, bridge: str) -> bool:
-        api = self.api
-        return bool(self._run(f"looking up bridge {bridge}", api.br_exists(bridge)))
+        with self._replica(f"looking up bridge {bridge}") as tables:
+            return self._named(tables, "Bridge", bridge) is not None
 
     def bridge_datapath(self, bridge: str) -> str:
-        rows = self._run(
-            "reading bridge", self.api.db_find("Bridge", ("name", "=", bridge), columns=["datapath_type"])
-        )
-        return rows[0]["datapath_type"] if rows else ""
+        with self._replica("reading bridge") as tables:
+            row = self._named(tables, "Bridge", bridge)
+            return str(row.datapath_type) if row is not None else ""
 
     def port(self, name: str) -> PortState | None:
-        api = self.api
-        ports = self._run(
-            f"reading port {name}",
-            api.db_find("Port", ("name", "=", name),
-                        columns=["_uuid", "name", "tag", "trunks", "vlan_mode", "external_ids"]),
-        )
-        if not ports:
+        with self._replica(f"reading port {name}") as tables:
+            return self._port_state(tables, self._named(tables, "Port", name))
+
+    def _port_state(self, tables: dict[str, Any], p: Any) -> PortState | None:
+        if p is None:
             return None
-        p = ports[0]
-        ifaces = self._run(
-            f"reading interface {name}",
-            api.db_find("Interface", ("name", "=", name),
-                        columns=["type", "ofport", "mtu", "error"]),
-        )
-        iface = ifaces[0] if ifaces else {}
-        bridge = None
-        for br in self._run("listing bridges", api.db_list("Bridge", columns=["name", "ports"])):
-            if p["_uuid"] in br["ports"]:
-                bridge = br["name"]
-                break
+        iface = next((i for i in p.interfaces if i.name == p.name), None)
+        bridge = next((br.name for br in tables["Bridge"].rows.values()
+                       if any(q.uuid == p.uuid for q in br.ports)), None)
         return PortState(
-            name=name,
+            name=p.name,
             bridge=bridge,
-            tag=_opt(p["tag"]),
-            trunks=sorted(p["trunks"]),
-            vlan_mode=_opt(p["vlan_mode"]),
-            external_ids=dict(p["external_ids"]),
-            interface_type=iface.get("type", ""),
-            ofport=_opt(iface.get("ofport")),
-            mtu=_opt(iface.get("mtu")),
-            error=_opt(iface.get("error")),
+            tag=_opt(p.tag),
+            trunks=sorted(p.trunks),
+            vlan_mode=_opt(p.vlan_mode),
+            external_ids=dict(p.external_ids),
+            interface_type=iface.type if iface is not None else "",
+            ofport=_opt(iface.ofport) if iface is not None else None,
+            mtu=_opt(iface.mtu) if iface is not None else None,
+            error=_opt(iface.error) if iface is not None else None,
         )
 
     def bridge_of_interface(self, ifname: str) -> str | None:
         """The bridge holding a port with interface `ifname` (a plain port or a bond member)."""
-        api = self.api
-        ifaces = self._run("reading interfaces", api.db_find("Interface", ("name", "=", ifname),
-                                                               columns=["_uuid"]))
-        if not ifaces:
-            return None
-        uuid = ifaces[0]["_uuid"]
-        ports = [p["_uuid"] for p in self._run("listing ports",
-                                                api.db_list("Port", columns=["_uuid", "interfaces"]))
-                 if uuid in p["interfaces"]]
-        for br in self._run("listing bridges", api.db_list("Bridge", columns=["name", "ports"])):
-            if any(p in br["ports"] for p in ports):
-                return str(br["name"])
+        with self._replica("reading interfaces") as tables:
+            for br in tables["Bridge"].rows.values():
+                if any(i.name == ifname for p in br.ports for i in p.interfaces):
+                    return str(br.name)
         return None
 
     def other_config(self) -> dict[str, str]:
         """The Open_vSwitch row's other_config (hw-offload, tc-policy, …)."""
-        rows = self._run("reading Open_vSwitch", self.api.db_list("Open_vSwitch", columns=["other_config"]))
-        return dict(rows[0]["other_config"]) if rows else {}
+        with self._replica("reading Open_vSwitch") as tables:
+            rows = list(tables["Open_vSwitch"].rows.values())
+            return dict(rows[0].other_config) if rows else {}
 
     def owned_ports(self) -> list[PortState]:
         """Every Port row carrying our ownership tag."""
-        api = self.api
-        rows = self._run("listing ports", api.db_list("Port", columns=["name", "external_ids"]))
-        out = []
-        for row in rows:
-            if row["external_ids"].get(OWNER_KEY) != OWNER:
-                continue
-            state = self.port(row["name"])
-            if state is not None:
-                out.append(state)
-        return out
+        with self._replica("listing ports") as tables:
+            return [state for p in tables["Port"].rows.values() if _owned(p)
+                    if (state := self._port_state(tables, p)) is not None]
 
     # ---- changes --------------------------------------------------------------------
     def add_port(self, spec: PortSpec) -> None:
@@ -266,27 +334,60 @@ class Ovsdb:
             iface_cols.append(("mtu_request", spec.mtu))
         if spec.ofport_request:
             iface_cols.append(("ofport_request", spec.ofport_request))
-        try:
-            with api.transaction(check_error=True) as txn:
-                txn.add(api.add_port(spec.bridge, spec.name, may_exist=True))
-                txn.add(api.db_set("Port", spec.name, *port_cols))
-                txn.add(api.db_set("Interface", spec.name, *iface_cols))
-        except Exception as exc:
-            raise _classify(f"adding port {spec.name} to bridge {spec.bridge}", exc) from None
+        self._commit(f"adding port {spec.name} to bridge {spec.bridge}",
+                     api.add_port(spec.bridge, spec.name, may_exist=True),
+                     api.db_set("Port", spec.name, *port_cols),
+                     api.db_set("Interface", spec.name, *iface_cols))
+        if self.wait_vswitchd:
+            state = self.port(spec.name)
+            if state is not None and (state.error or state.ofport == -1):
+                raise OvsdbFailure(f"ovs-vswitchd could not add port {spec.name} to bridge "
+                                   f"{spec.bridge}: {state.error or 'no OpenFlow port number'}")
 
     def delete_port(self, name: str) -> bool:
-        """Delete a port we own; False if absent. A port not ours is left alone."""
-        state = self.port(name)
-        if state is None:
-            return False
-        if not state.owned:
-            raise OvsdbFailure(
-                f"port {name} exists but is not owned by tenantnet "
-                f"(external_ids:{OWNER_KEY} missing); leaving it alone"
-            )
-        self._run(f"deleting port {name}", self.api.del_port(name, if_exists=True))
-        return True
+        """Delete a port we own; False if absent. A port not ours is left alone.
 
+        The ownership check runs inside the deleting transaction, so a port that changes
+        hands in between is never removed."""
+        return bool(self._commit(f"deleting port {name}", _DeleteOwnedPort(self.api, name)))
+
+
+def _delete_owned_port_command() -> type:
+    from ovsdbapp.backend.ovs_idl import command
+
+    class DeleteOwnedPort(command.BaseCommand):
+        def __init__(self, api: Any, name: str) -> None:
+            super().__init__(api)
+            self.name = name
+
+        def run_idl(self, txn: Any) -> None:
+            port = next((p for p in self.api._tables["Port"].rows.values() if p.name == self.name), None)
+            if port is None:
+                self.result = False
+                return
+            if not _owned(port):
+                raise OvsdbFailure(f"port {self.name} exists but is not owned by tenantnet "
+                                   f"(external_ids:{OWNER_KEY} missing); leaving it alone")
+            port.verify("external_ids")
+            for br in self.api._tables["Bridge"].rows.values():
+                if port in br.ports:
+                    br.delvalue("ports", port)
+            for iface in port.interfaces:
+                iface.delete()
+            port.delete()
+            self.result = True
+
+    return DeleteOwnedPort
+
+
+def _DeleteOwnedPort(api: Any, name: str) -> Any:  # noqa: N802 - a command class, built lazily
+    global _delete_cls
+    if _delete_cls is None:
+        _delete_cls = _delete_owned_port_command()
+    return _delete_cls(api, name)
+
+
+_delete_cls: type | None = None
 
 _connections: dict[str, Ovsdb] = {}
 # The agent's worker threads share the handles (ovsdbapp's Connection is thread-safe: one
@@ -295,12 +396,13 @@ _connections: dict[str, Ovsdb] = {}
 _connections_lock = threading.Lock()
 
 
-def connect(endpoint: str, timeout: float = 5.0) -> Ovsdb:
+def connect(endpoint: str, timeout: float = 5.0, wait_vswitchd: bool = False) -> Ovsdb:
     """The process-wide handle for `endpoint` (connects on first use)."""
     with _connections_lock:
         db = _connections.get(endpoint)
         if db is None:
-            db = _connections[endpoint] = Ovsdb(endpoint, timeout)
+            db = _connections[endpoint] = Ovsdb(endpoint, timeout, wait_vswitchd)
+        db.timeout, db.wait_vswitchd = timeout, wait_vswitchd  # the node config may change
         return db
 
 
