@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tenantnet.system.netns import NETNS_THREAD, NamespaceNotFound, run_in_netns
+from tenantnet.system.netns import NETNS_THREAD, NamespaceNotFound, open_rtnl, run_in_netns
 
 T = TypeVar("T")
 
@@ -64,10 +64,11 @@ def _translated(what: str) -> Iterator[None]:
     except NetlinkError as exc:
         cls = _ERRNO_CLASSES.get(exc.code, NetlinkProblem)
         raise cls(f"{what}: {exc.args[1] if len(exc.args) > 1 else exc}", exc.code) from None
-    except OSError as exc:
+    except OSError as exc:  # tenantnet.system.rtnl's RtnlError, socket errors
         if isinstance(exc, NamespaceNotFound):
             raise
-        raise NetlinkProblem(f"{what}: {exc.strerror or exc}", exc.errno or 0) from None
+        cls = _ERRNO_CLASSES.get(exc.errno or 0, NetlinkProblem)
+        raise cls(f"{what}: {exc.strerror or exc}", exc.errno or 0) from None
 
 
 # One host-namespace IPRoute per thread. pyroute2 0.9's sync IPRoute drives an asyncio
@@ -118,68 +119,49 @@ class LinkState:
     addresses: list[str] = field(default_factory=list)  # "10.0.0.2/24"
 
 
-def _link_state(ipr: Any, msg: Any, with_addresses: bool) -> LinkState:
-    linkinfo = msg.get("IFLA_LINKINFO")
-    kind = linkinfo.get("IFLA_INFO_KIND") if linkinfo else ""
-    state = LinkState(
-        name=msg.get("IFLA_IFNAME"),
-        index=msg["index"],
-        mac=(msg.get("IFLA_ADDRESS") or "").lower(),
-        mtu=msg.get("IFLA_MTU") or 0,
-        up=bool(msg["flags"] & 1),
-        kind=kind or "",
-    )
-    if with_addresses:
-        for a in ipr.get_addr(index=msg["index"]):
-            state.addresses.append(f"{a.get('IFA_ADDRESS')}/{a['prefixlen']}")
-    return state
-
-
-def _lookup(ipr: Any, name: str, with_addresses: bool = False) -> LinkState | None:
-    idx = ipr.link_lookup(ifname=name)
-    if not idx:
+def _state(rt: Any, name: str, with_addresses: bool = False) -> LinkState | None:
+    """A link by name through a plain rtnetlink socket (tenantnet.system.rtnl)."""
+    link = rt.link(name)
+    if link is None:
         return None
-    return _link_state(ipr, ipr.get_links(idx[0])[0], with_addresses)
+    return LinkState(name=link.name, index=link.index, mac=link.mac, mtu=link.mtu, up=link.up,
+                     kind=link.kind, addresses=rt.addresses(link.index) if with_addresses else [])
+
+
+def _host_rtnl() -> Any:
+    if threading.current_thread().name == NETNS_THREAD:
+        raise RuntimeError("host netlink socket requested from inside a pod namespace thread")
+    from tenantnet.system import rtnl
+
+    return rtnl.host()
 
 
 def host_link(name: str) -> LinkState | None:
     with _translated(f"reading link {name}"):
-        return _lookup(_host_ipr(), name)
+        return _state(_host_rtnl(), name)
 
 
 def delete_host_link(name: str) -> bool:
-    """Delete a host link; False if it was already gone."""
-    ipr = _host_ipr()
+    """Delete a host link; False if it was already gone (also when its pair's netns went
+    away in between)."""
     with _translated(f"deleting link {name}"):
-        idx = ipr.link_lookup(ifname=name)
-        if not idx:
-            return False
-        try:
-            ipr.link("del", index=idx[0])
-        except Exception as exc:  # the pair's netns went away in between: already gone
-            if getattr(exc, "code", None) in (errno.ENODEV, errno.ENOENT):
-                return False
-            raise
-    return True
+        return bool(_host_rtnl().delete_link(name))
 
 
 def create_veth_into_netns(
     host_name: str, pod_name: str, netns_path: str, *, mtu: int | None, pod_mac: str | None
 ) -> None:
-    """A veth pair whose pod end is born inside the pod netns (no costly link move)."""
-    peer: dict[str, Any] = {"ifname": pod_name, "net_ns_fd": netns_path}
-    if mtu:
-        peer["mtu"] = mtu
-    if pod_mac:
-        peer["address"] = pod_mac
-    spec: dict[str, Any] = {"ifname": host_name, "kind": "veth", "peer": peer}
-    if mtu:
-        spec["mtu"] = mtu
-    ipr = _host_ipr()
-    with _translated(f"creating veth {host_name} with peer {pod_name} in {netns_path}"):
-        ipr.link("add", **spec)
-        idx = ipr.link_lookup(ifname=host_name)[0]
-        ipr.link("set", index=idx, state="up")
+    """A veth pair whose pod end is born inside the pod netns (no costly link move); the
+    host end comes up with it."""
+    try:
+        fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NamespaceNotFound(f"cannot open network namespace {netns_path}: {exc.strerror}") from None
+    try:
+        with _translated(f"creating veth {host_name} with peer {pod_name} in {netns_path}"):
+            _host_rtnl().create_veth(host_name, pod_name, fd, mtu=mtu, peer_mac=pod_mac)
+    finally:
+        os.close(fd)
 
 
 @dataclass
@@ -192,47 +174,36 @@ class AddressPlan:
 
 def configure_pod_interface(netns_path: str, ifname: str, plan: AddressPlan) -> LinkState:
     """Bring the pod interface up, add addresses and routes; return its state."""
+    with open_rtnl(netns_path) as rt, _translated(f"configuring {ifname} in {netns_path}"):
+        link = rt.link(ifname)
+        if link is None:
+            raise LinkNotFound(f"interface {ifname} not found in {netns_path}", errno.ENODEV)
+        lo = rt.link("lo")
+        if lo is not None and not lo.up:
+            rt.set_link(lo.index, up=True)
+        rt.set_link(link.index, up=True)
+        for addr in plan.addresses:
+            _unless_exists(rt.add_address, link.index, addr)
+        for dst, gw in plan.routes:
+            _unless_exists(rt.add_route, dst, oif=link.index, gateway=gw)
+        state = _state(rt, ifname, with_addresses=True)
+        assert state is not None
+        return state
 
-    def work(ipr: Any) -> LinkState:
-        with _translated(f"configuring {ifname} in {netns_path}"):
-            idx = ipr.link_lookup(ifname=ifname)
-            if not idx:
-                raise LinkNotFound(f"interface {ifname} not found in {netns_path}", errno.ENODEV)
-            index = idx[0]
-            lo = ipr.link_lookup(ifname="lo")
-            if lo:
-                ipr.link("set", index=lo[0], state="up")
-            ipr.link("set", index=index, state="up")
-            for addr in plan.addresses:
-                try:
-                    ipr.addr("add", index=index, address=str(addr.ip), prefixlen=addr.network.prefixlen)
-                except Exception as exc:
-                    if getattr(exc, "code", None) != errno.EEXIST:
-                        raise
-            for dst, gw in plan.routes:
-                spec: dict[str, Any] = {"dst": dst, "oif": index}
-                if gw:
-                    spec["gateway"] = gw
-                try:
-                    ipr.route("add", **spec)
-                except Exception as exc:
-                    if getattr(exc, "code", None) != errno.EEXIST:
-                        raise
-            state = _lookup(ipr, ifname, with_addresses=True)
-            assert state is not None
-            return state
 
-    return run_in_netns(netns_path, work)
+def _unless_exists(request: Callable[..., None], *args: Any, **kwargs: Any) -> None:
+    """A request whose EEXIST means "already done" (a repeated ADD)."""
+    try:
+        request(*args, **kwargs)
+    except OSError as exc:
+        if exc.errno != errno.EEXIST:
+            raise
 
 
 def pod_link(netns_path: str, ifname: str) -> LinkState | None:
     """The pod interface as the kernel sees it, with addresses; None if absent."""
-
-    def work(ipr: Any) -> LinkState | None:
-        with _translated(f"reading {ifname} in {netns_path}"):
-            return _lookup(ipr, ifname, with_addresses=True)
-
-    return run_in_netns(netns_path, work)
+    with open_rtnl(netns_path) as rt, _translated(f"reading {ifname} in {netns_path}"):
+        return _state(rt, ifname, with_addresses=True)
 
 
 def pod_routes(netns_path: str) -> list[tuple[str, str | None]]:
@@ -261,63 +232,64 @@ def in_netns(netns_path: str, fn: Callable[[Any], T]) -> T:
 
 def move_to_netns(name: str, netns_path: str) -> None:
     """Move a host link into a namespace (≈ 19 ms here; only for devices we cannot create there)."""
-    ipr = _host_ipr()
-    with _translated(f"moving {name} into {netns_path}"):
-        idx = ipr.link_lookup(ifname=name)
-        if not idx:
-            raise LinkNotFound(f"link {name} not found in the host namespace", errno.ENODEV)
-        ipr.link("set", index=idx[0], net_ns_fd=netns_path)
+    try:
+        fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise NamespaceNotFound(f"cannot open network namespace {netns_path}: {exc.strerror}") from None
+    rt = _host_rtnl()
+    try:
+        with _translated(f"moving {name} into {netns_path}"):
+            link = rt.link(name)
+            if link is None:
+                raise LinkNotFound(f"link {name} not found in the host namespace", errno.ENODEV)
+            rt.set_link(link.index, netns_fd=fd)
+    finally:
+        os.close(fd)
 
 
-def _set(ipr: Any, index: int, *, new_name: str | None = None, mac: str | None = None,
+def _set(rt: Any, index: int, *, new_name: str | None = None, mac: str | None = None,
          mtu: int | None = None, up: bool | None = None) -> None:
     if new_name is not None or mac is not None:
-        ipr.link("set", index=index, state="down")  # renaming needs the link down
+        rt.set_link(index, up=False)  # renaming needs the link down
     if new_name is not None:
-        ipr.link("set", index=index, ifname=new_name)
+        rt.set_link(index, name=new_name)
     if mac is not None:
-        ipr.link("set", index=index, address=mac)
+        rt.set_link(index, mac=mac)
     if mtu is not None:
-        ipr.link("set", index=index, mtu=mtu)
+        rt.set_link(index, mtu=mtu)
     if up is not None:
-        ipr.link("set", index=index, state="up" if up else "down")
+        rt.set_link(index, up=up)
 
 
 def set_pod_link(netns_path: str, name: str, *, new_name: str | None = None, mac: str | None = None,
                  mtu: int | None = None, up: bool | None = None) -> None:
-    def work(ipr: Any) -> None:
-        with _translated(f"configuring {name} in {netns_path}"):
-            idx = ipr.link_lookup(ifname=name)
-            if not idx:
-                raise LinkNotFound(f"interface {name} not found in {netns_path}", errno.ENODEV)
-            _set(ipr, idx[0], new_name=new_name, mac=mac, mtu=mtu, up=up)
-
-    run_in_netns(netns_path, work)
+    with open_rtnl(netns_path) as rt, _translated(f"configuring {name} in {netns_path}"):
+        link = rt.link(name)
+        if link is None:
+            raise LinkNotFound(f"interface {name} not found in {netns_path}", errno.ENODEV)
+        _set(rt, link.index, new_name=new_name, mac=mac, mtu=mtu, up=up)
 
 
 def set_host_link(name: str, *, new_name: str | None = None, mac: str | None = None,
                   mtu: int | None = None, up: bool | None = None) -> None:
-    ipr = _host_ipr()
+    rt = _host_rtnl()
     with _translated(f"configuring host link {name}"):
-        idx = ipr.link_lookup(ifname=name)
-        if not idx:
+        link = rt.link(name)
+        if link is None:
             raise LinkNotFound(f"link {name} not found in the host namespace", errno.ENODEV)
-        _set(ipr, idx[0], new_name=new_name, mac=mac, mtu=mtu, up=up)
+        _set(rt, link.index, new_name=new_name, mac=mac, mtu=mtu, up=up)
 
 
 def return_to_host(netns_path: str, name: str, host_name: str) -> bool:
     """Move `name` out of the pod back to the host as `host_name`; False if it is not there."""
     host_pid = os.getpid()  # the main thread stays in the host namespace
-
-    def work(ipr: Any) -> bool:
-        with _translated(f"returning {name} from {netns_path} to the host as {host_name}"):
-            idx = ipr.link_lookup(ifname=name)
-            if not idx:
-                return False
-            ipr.link("set", index=idx[0], state="down")
-            if name != host_name:
-                ipr.link("set", index=idx[0], ifname=host_name)
-            ipr.link("set", index=idx[0], net_ns_pid=host_pid)
-            return True
-
-    return run_in_netns(netns_path, work)
+    with open_rtnl(netns_path) as rt, \
+            _translated(f"returning {name} from {netns_path} to the host as {host_name}"):
+        link = rt.link(name)
+        if link is None:
+            return False
+        rt.set_link(link.index, up=False)
+        if name != host_name:
+            rt.set_link(link.index, name=host_name)
+        rt.set_link(link.index, netns_pid=host_pid)
+        return True

@@ -1,9 +1,10 @@
 """Running netlink work inside a pod's network namespace, cheaply.
 
 `IPRoute(netns=path)` forks a helper per call (8–25 ms here). Instead a short-lived
-thread enters the namespace with setns(2) and opens a plain netlink socket there
-(≈ 1 ms): a socket belongs to the namespace it was created in, and setns only moves the
-calling thread, so the rest of the process stays in the host namespace.
+thread enters the namespace with setns(2) and opens a netlink socket there: a socket
+belongs to the namespace it was created in, and setns only moves the calling thread, so
+the rest of the process stays in the host namespace. `open_rtnl` hands the plain socket
+back (≈ 0.2 ms); `run_in_netns` runs pyroute2 work on that thread (≈ 5 ms).
 """
 
 from __future__ import annotations
@@ -36,14 +37,17 @@ def netns_exists(path: str) -> bool:
     return True
 
 
-def run_in_netns(path: str, work: Callable[[Any], T]) -> T:
-    """Call `work(ipr)` with an IPRoute socket opened inside the namespace at `path`."""
+def _open_ns(path: str) -> int:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         raise NamespaceNotFound(f"network namespace {path} does not exist") from None
     except OSError as exc:
         raise NamespaceNotFound(f"cannot open network namespace {path}: {exc.strerror}") from None
+
+
+def _in_thread_inside(fd: int, path: str, work: Callable[[], T]) -> T:
+    """`work()` on a short-lived thread that has entered the namespace `fd` (then ends)."""
     outcome: dict[str, Any] = {}
 
     def body() -> None:
@@ -53,22 +57,47 @@ def run_in_netns(path: str, work: Callable[[Any], T]) -> T:
                 if err == errno.EINVAL:
                     raise NamespaceNotFound(f"{path} is not a network namespace")
                 raise OSError(err, os.strerror(err), path)
-            from pyroute2 import IPRoute
-
-            ipr = IPRoute()
-            try:
-                outcome["value"] = work(ipr)
-            finally:
-                ipr.close()
+            outcome["value"] = work()
         except BaseException as exc:  # handed to the caller's thread below
             outcome["error"] = exc
 
-    try:
-        worker = threading.Thread(target=body, name=NETNS_THREAD)
-        worker.start()
-        worker.join()
-    finally:
-        os.close(fd)
+    worker = threading.Thread(target=body, name=NETNS_THREAD)
+    worker.start()
+    worker.join()
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]  # type: ignore[no-any-return]
+
+
+def open_rtnl(path: str) -> Any:
+    """A plain rtnetlink socket (tenantnet.system.rtnl.Rtnl) inside the namespace at `path`.
+
+    Only the thread that opens it enters the namespace; the socket stays bound to that
+    namespace and is then used from the caller's thread (≈ 0.2 ms in all)."""
+    from tenantnet.system import rtnl
+
+    fd = _open_ns(path)
+    try:
+        return rtnl.Rtnl(_in_thread_inside(fd, path, rtnl.open_socket))
+    finally:
+        os.close(fd)
+
+
+def run_in_netns(path: str, work: Callable[[Any], T]) -> T:
+    """Call `work(ipr)` with a pyroute2 IPRoute socket opened inside the namespace at `path`
+    (for what tenantnet.system.rtnl does not cover)."""
+    fd = _open_ns(path)
+
+    def body() -> T:
+        from pyroute2 import IPRoute
+
+        ipr = IPRoute()
+        try:
+            return work(ipr)
+        finally:
+            ipr.close()
+
+    try:
+        return _in_thread_inside(fd, path, body)
+    finally:
+        os.close(fd)
