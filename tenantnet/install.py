@@ -262,6 +262,28 @@ def shim_text(runtime: Runtime, host_runtime_path: str, command: str) -> str:
                                 python=m["python"], entry=runtime.entry(command))
 
 
+VENV_LAUNCHER = """\
+#!{python} -IS
+# {command}: written by `make venv` for this checkout's venv. It starts as the installed
+# shim does (-I -S: no site-packages scan on the fast path); the in-process fallback loads
+# site-packages itself (tenantnet/shim.py).
+import sys
+sys.path.insert(0, {root!r})
+from tenantnet import shim
+sys.exit(shim.run({command!r}))
+"""
+
+
+def write_venv_launchers(bin_dir: Path, root: Path,
+                         commands: tuple[str, ...] = ("tenantnet", "tenantnet-ipam")) -> None:
+    """Replace pip's console scripts of the plugins in a development venv by lean launchers
+    (pip's start the interpreter with site, ≈ 12 ms more per exec here)."""
+    python = bin_dir / "python"
+    for command in commands:
+        text = VENV_LAUNCHER.format(python=python, root=str(root), command=command)
+        atomic_write(bin_dir / command, text.encode(), SHIM_MODE)
+
+
 def shim_runtime(path: Path) -> str | None:
     """The runtime path a shim written by this installer names; None if `path` is not one."""
     try:

@@ -16,7 +16,7 @@ import json
 import os
 import time
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from cni.names import container_id_problem, ifname_problem, network_name_problem
@@ -63,9 +63,15 @@ class AttachmentRecord:
         return (self.network, self.container_id, self.ifname)
 
     def to_json(self) -> str:
-        data = asdict(self)
-        data.pop("progress")
-        return json.dumps({"format": FORMAT, **data}, indent=1, sort_keys=True)
+        # Built by hand and written without indentation: dataclasses.asdict deep-copies
+        # every nested value and `indent` switches json to its pure-Python encoder, together
+        # ≈ 2 ms per save, twice per ADD. `tenantnetctl ls` shows records readably.
+        data = {"format": FORMAT, "network": self.network, "container_id": self.container_id,
+                "ifname": self.ifname, "mode": self.mode, "netns": self.netns, "phase": self.phase,
+                "pod": {"namespace": self.pod.namespace, "name": self.pod.name, "uid": self.pod.uid},
+                "plan": self.plan, "conf": self.conf, "result": self.result,
+                "created": self.created, "updated": self.updated}
+        return json.dumps(data, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> AttachmentRecord:

@@ -217,6 +217,13 @@ def error_json(stdin: bytes, code: int, msg: str, details: str = "") -> bytes:
 
 def _in_process(plugin: str, stdin: bytes) -> tuple[int, bytes]:
     """The same request without an agent: the full plugin in this process."""
+    if sys.flags.no_site and "site" not in sys.modules:
+        # Started with -S (the fast path needs only the standard library): the libraries
+        # of a venv or system install are found through site, so run it now. The installed
+        # runtime puts its own libraries on sys.path and finds nothing more here.
+        import site
+
+        site.main()
     if plugin == "tenantnet-ipam":
         from ipam import main as entry
     else:

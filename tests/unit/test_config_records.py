@@ -110,3 +110,17 @@ def test_corrupt_record_is_reported_not_fatal(tmp_path):
     assert good in items and any(isinstance(i, CorruptRecord) for i in items)
     with pytest.raises(CorruptRecord):
         store.load("net-a", "bad", "net1")
+
+
+def test_record_json_carries_every_field_and_round_trips() -> None:
+    import dataclasses
+
+    record = AttachmentRecord(network="n", container_id="c" * 12, ifname="net1", mode="ovs",
+                              netns="/run/netns/x", pod=PodRef("ns", "p", "u"),
+                              plan={"hostIfname": "tn0", "trunks": [1, 2]}, conf={"name": "n"},
+                              result={"cniVersion": "1.1.0", "ips": []})
+    data = json.loads(record.to_json())
+    # A field added to the dataclass but not to to_json would be lost on disk: fail here.
+    assert set(data) == {f.name for f in dataclasses.fields(AttachmentRecord)} - {"progress"} | {"format"}
+    again = AttachmentRecord.from_json(record.to_json())
+    assert again == record and again.progress is None
