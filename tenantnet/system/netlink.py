@@ -152,14 +152,18 @@ def create_veth_into_netns(
     host_name: str, pod_name: str, netns_path: str, *, mtu: int | None, pod_mac: str | None
 ) -> None:
     """A veth pair whose pod end is born inside the pod netns (no costly link move); the
-    host end comes up with it."""
+    host end comes up with it, without IPv6 addresses: it is a switch port, and an address
+    there would only add the host's own neighbour discovery and MLD chatter, flooded to
+    every port of the VLAN (measured: most of a userspace vswitchd's work in a burst of
+    1,000 attachments on one VLAN)."""
     try:
         fd = os.open(netns_path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError as exc:
         raise NamespaceNotFound(f"cannot open network namespace {netns_path}: {exc.strerror}") from None
     try:
         with _translated(f"creating veth {host_name} with peer {pod_name} in {netns_path}"):
-            _host_rtnl().create_veth(host_name, pod_name, fd, mtu=mtu, peer_mac=pod_mac)
+            _host_rtnl().create_veth(host_name, pod_name, fd, mtu=mtu, peer_mac=pod_mac,
+                                     ipv6_link_local=False)
     finally:
         os.close(fd)
 

@@ -36,6 +36,7 @@ NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
 NLA_F_NESTED = 0x8000
 # link attributes
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_NET_NS_PID, IFLA_NET_NS_FD = 1, 3, 4, 18, 19, 28
+IFLA_AF_SPEC, IFLA_INET6_ADDR_GEN_MODE, IN6_ADDR_GEN_MODE_NONE = 26, 8, 1
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 VETH_INFO_PEER = 1
 IFF_UP = 0x1
@@ -187,9 +188,22 @@ class Rtnl:
         return True
 
     def create_veth(self, name: str, peer: str, peer_netns_fd: int, *, mtu: int | None = None,
-                    peer_mac: str | None = None, up: bool = True) -> None:
+                    peer_mac: str | None = None, up: bool = True, ipv6_link_local: bool = True) -> None:
         """A veth pair `name` (here) ↔ `peer`, the peer created directly in the namespace
-        of `peer_netns_fd`."""
+        of `peer_netns_fd`. Without `ipv6_link_local`, `name` never gets an IPv6 address
+        (addr_gen_mode none, set before it comes up)."""
+        if not ipv6_link_local:
+            self.create_veth(name, peer, peer_netns_fd, mtu=mtu, peer_mac=peer_mac, up=False)
+            link = self.link(name)
+            if link is None:
+                raise RtnlError(errno.ENODEV, f"{name} vanished right after it was created")
+            # The kernel refuses IFLA_AF_SPEC when creating a link: set it on the new link.
+            no_addresses = _nla(IFLA_INET6_ADDR_GEN_MODE, bytes([IN6_ADDR_GEN_MODE_NONE]))
+            self._ack(RTM_SETLINK, 0, _IFINFOMSG.pack(0, 0, link.index, 0, 0)
+                      + _nest(IFLA_AF_SPEC, _nest(socket.AF_INET6, no_addresses)))
+            if up:
+                self.set_link(link.index, up=True)
+            return
         peer_attrs = [_nla(IFLA_IFNAME, _name(peer)), _nla(IFLA_NET_NS_FD, _u32(peer_netns_fd))]
         own = [_nla(IFLA_IFNAME, _name(name))]
         if mtu:

@@ -21,10 +21,11 @@ def test_missing_node_config_means_defaults(tmp_path):
 def test_node_config_values(tmp_path):
     p = tmp_path / "n.yaml"
     p.write_text("ovsdb: /run/x/db.sock\nstateDir: /srv/tn\nlogFile: /srv/tn.log\nlogLevel: debug\n"
-                 "ovsdbTimeout: 2\n")
+                 "ovsdbTimeout: 2\novsWait: true\n")
     node = config.load(str(p))
-    assert (node.ovsdb, node.state_dir, node.log_level, node.ovsdb_timeout) == \
-        ("unix:/run/x/db.sock", "/srv/tn", "debug", 2.0)
+    assert (node.ovsdb, node.state_dir, node.log_level, node.ovsdb_timeout, node.ovs_wait) == \
+        ("unix:/run/x/db.sock", "/srv/tn", "debug", 2.0, True)
+    assert config.load(str(tmp_path / "absent.yaml")).ovs_wait is False
 
 
 def test_node_config_from_environment(tmp_path, monkeypatch):
@@ -40,6 +41,8 @@ def test_node_config_from_environment(tmp_path, monkeypatch):
     ("stateDir: relative\n", "stateDir='relative'"),
     ("logLevel: chatty\n", "logLevel='chatty'"),
     ("ovsdbTimeout: 0\n", "ovsdbTimeout=0"),
+    ("ovsWait: yes please\n", "ovsWait='yes please': true or false"),
+    ("ovsdbTimeout: true\n", "ovsdbTimeout=True"),
     ("statedir: /x\n", "unknown key 'statedir'"),
     ("- a list\n", "must be a YAML mapping"),
     ("a: [unclosed\n", "not valid YAML"),
