@@ -9,8 +9,6 @@ level; the structured logger is imported only when a bug has to be recorded.
 
 from __future__ import annotations
 
-import sys
-
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are strings here
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -50,11 +48,11 @@ def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
     return skel.run(handle, environ, stdin, on_unexpected=_log_unexpected)
 
 
-def main() -> int:
+def main() -> None:
     from tenantnet import shim
 
-    return shim.run("tenantnet-ipam")
+    shim.main("tenantnet-ipam")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

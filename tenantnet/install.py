@@ -270,7 +270,7 @@ VENV_LAUNCHER = """\
 import sys
 sys.path.insert(0, {root!r})
 from tenantnet import shim
-sys.exit(shim.run({command!r}))
+shim.main({command!r})
 """
 
 

@@ -81,7 +81,7 @@ def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
 def main() -> None:
     from tenantnet import shim
 
-    sys.exit(shim.run("tenantnet"))
+    shim.main("tenantnet")
 
 
 if __name__ == "__main__":

@@ -98,6 +98,11 @@ import sys
 before = set(sys.modules)
 import io, os
 sys.stdin = io.TextIOWrapper(io.BytesIO(b'{"cniVersion": "1.0.0", "name": "n", "type": "tenantnet"}'))
+import posix
+def fast_exit(code):  # the real one would end the probe before it reports
+    sys.stderr.write("FAST-EXIT ")
+    raise SystemExit(code)
+posix._exit = fast_exit
 from {module} import main
 try:
     main()
@@ -122,6 +127,9 @@ def test_shim_imports_nothing_outside_the_standard_library(tmp_path, stub, modul
     assert "OUTSIDE=[]" in proc.stderr, proc.stderr
     out = json.loads(proc.stdout)
     assert out == {"ok": True} if kind == "answer" else out["code"] == 11
+    # An agent's answer ends the process at once (no interpreter shutdown); a shim that
+    # had to answer by itself exits the normal way.
+    assert ("FAST-EXIT" in proc.stderr) == (kind == "answer")
 
 
 def test_shim_constants_follow_cni_version():
