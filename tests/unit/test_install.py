@@ -575,7 +575,36 @@ def test_configmap_is_a_valid_node_config(tmp_path: Path) -> None:
     assert node.ovsdb == "unix:/run/openvswitch/db.sock"
     assert node.vf_control == "netlink" and node.sysfs_root == "/sys"
     assert set(yaml.safe_load(path.read_text())) == {"ovsdb", "stateDir", "logFile", "logLevel",
-                                                     "ovsdbTimeout", "sysfsRoot", "vfControl"}
+                                                     "ovsdbTimeout", "ovsWait", "sysfsRoot", "vfControl",
+                                                     "agentSocket"}
+
+
+def test_daemonset_runs_the_agent_where_the_shims_look_for_it(tmp_path: Path) -> None:
+    from tenantnet import shim
+
+    spec = _daemonset()["spec"]["template"]["spec"]
+    agent = next(c for c in spec["containers"] if c["name"] == "agent")
+    assert agent["command"][-2:] == ["agent", "run"] and agent["command"][0].endswith("tenantnetctl")
+    assert spec.get("hostPID") is True  # CNI_NETNS may be /proc/<pid>/ns/net
+    env = {e["name"]: e["value"] for e in agent["env"]}
+    vols = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    assert Path(env["TENANTNET_CONFIG"]).parent.as_posix() in mounts  # the node config the init wrote
+    cm = yaml.safe_load((PACKAGING / "configmap.yaml").read_text())
+    path = tmp_path / "tenantnet.yaml"
+    path.write_text(cm["data"]["tenantnet.yaml"])
+    sock, declared = shim.agent_socket_of(str(path))
+    assert declared and config.load(str(path)).agent_socket == sock
+    # The socket's directory is one level below a host directory mounted at the same path:
+    # the shims on the host find the socket, and the agent creates that directory 0700 itself
+    # (kubelet creates hostPath directories 0755, which the agent rightly refuses).
+    run_dir = Path(sock).parent.parent.as_posix()
+    assert vols[mounts[run_dir]["name"]]["hostPath"]["path"] == run_dir
+    for needed in ("/var/run/netns", "/run/openvswitch", "/var/lib/tenantnet", "/sys", "/opt/cni/bin"):
+        assert vols[mounts[needed]["name"]]["hostPath"]["path"] == needed
+    assert mounts["/var/run/netns"]["mountPropagation"] == "HostToContainer"
+    probe = agent["livenessProbe"]["exec"]["command"]
+    assert probe[1:3] == ["agent", "status"]
 
 
 def test_containerfile_builds_the_runtime_and_launchers() -> None:
