@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import sqlite3
 import subprocess
 import sys
@@ -34,29 +33,22 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import exec_plugin, machine_line, runtime_env, summary, table, write_block  # noqa: E402
+from bench.common import (  # noqa: E402
+    exec_plugin,
+    machine_line,
+    runtime_env,
+    start_agent,
+    stop_agent,
+    summary,
+    table,
+    write_block,
+)
 from tenantnet import agent as agentmod  # noqa: E402
-from tenantnet import lab, shim  # noqa: E402
+from tenantnet import lab  # noqa: E402
 
 BIN = Path(sys.executable).parent
 PLUGIN = str(BIN / "tenantnet")
 GO_BRIDGE = "/usr/lib/cni/bridge"
-
-
-def start_agent(node_config: Path, log: Path) -> subprocess.Popen[bytes]:
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.agent", "--node-config", str(node_config),
-                                 "run"], stdout=subprocess.DEVNULL, stderr=err)
-    sock = shim.agent_socket_of(str(node_config))[0]
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            agentmod.query_status(sock)
-            return proc
-        except (shim.AgentUnavailable, shim.AgentFailed):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"agent did not start: {log.read_text()}") from None
-            time.sleep(0.05)
 
 
 def netns_add(name: str) -> str:
@@ -128,35 +120,60 @@ def overhead(agent_conf: Path, plain_conf: Path, count: int) -> list[str]:
             *(f"| {label} | {s[k]['median']:.1f} | {s[k]['p90']:.1f} |" for k, label in labels.items())]
 
 
-def burst(info: lab.LabInfo, work: Path, agent_conf: Path, sock: str, pods: int, rails: int,
-          parallel: int) -> list[str]:
-    ipam_dir = work / "burst-ipam"
-    ipam = {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.214.0.0/16"}]], "dataDir": str(ipam_dir)}
-    conf = json.dumps({"cniVersion": "1.0.0", "name": "bench-burst", "type": "tenantnet",
-                       "bridge": info.bridge, "vlan": 200, "ipam": ipam}).encode()
+def _cpu_s(pid: int | None) -> float:
+    """User + system CPU seconds a process has used so far (0 if it cannot be read)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def burst(info: lab.LabInfo, work: Path, agent_conf: Path, agent_pid: int, sock: str, pods: int,
+          rails: int, parallel: int, one_vlan: bool) -> list[str]:
+    """`pods` pods × `rails` attachments, ADDs then DELs, `parallel` execs at once. Each pod
+    has one container id and interfaces net1..netN. Rails are separate networks (rail<r>,
+    VLAN 200+r, a subnet each), as GPU clusters deploy them; with `one_vlan` every rail is on
+    one network and VLAN instead, so all ports share one broadcast domain."""
+    layout = "one-vlan" if one_vlan else "rails"
+    ipam_dir = work / f"burst-ipam-{layout}"
+
+    def network(r: int) -> bytes:
+        r = 1 if one_vlan else r
+        ipam = {"type": "tenantnet-ipam", "ranges": [[{"subnet": f"10.{220 + r}.0.0/16"}]],
+                "dataDir": str(ipam_dir)}
+        return json.dumps({"cniVersion": "1.0.0", "name": f"bench-{layout}-{r}", "type": "tenantnet",
+                           "bridge": info.bridge, "vlan": 200 + r, "ipam": ipam}).encode()
+
+    confs = {r: network(r) for r in range(1, rails + 1)}
     names = [f"tnbb-{uuid.uuid4().hex[:8]}" for _ in range(pods)]
     paths = [netns_add(n) for n in names]
     base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_PATH": f"{BIN}:/usr/lib/cni",
             "TENANTNET_CONFIG": str(agent_conf)}
-    jobs = [(uuid.uuid4().hex, path, f"net{r}") for path in paths for r in range(1, rails + 1)]
+    jobs = [(cid, path, r) for path in paths for cid in [uuid.uuid4().hex] for r in range(1, rails + 1)]
 
-    def one(command: str, job: tuple[str, str, str]) -> tuple[int, bytes]:
-        cid, path, ifname = job
-        env = {**base, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_IFNAME": ifname,
+    def one(command: str, job: tuple[str, str, int]) -> tuple[int, bytes]:
+        cid, path, rail = job
+        env = {**base, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_IFNAME": f"net{rail}",
                "CNI_NETNS": path if command == "ADD" else "",
                "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=burst;K8S_POD_NAME={cid[:8]}"}
-        proc = subprocess.run([PLUGIN], input=conf, env=env, capture_output=True, check=False)
+        proc = subprocess.run([PLUGIN], input=confs[rail], env=env, capture_output=True, check=False)
         return proc.returncode, proc.stdout
 
+    cpu: dict[str, float] = {}
     try:
         with ThreadPoolExecutor(parallel) as pool:
-            start = time.perf_counter()
-            adds = list(pool.map(lambda j: one("ADD", j), jobs))
-            add_s = time.perf_counter() - start
-            ports_up = sum(1 for c, _ in adds if c == 0)
-            start = time.perf_counter()
-            dels = list(pool.map(lambda j: one("DEL", j), jobs))
-            del_s = time.perf_counter() - start
+            for verb in ("ADD", "DEL"):
+                before = (_cpu_s(agent_pid), _cpu_s(info.ovs_vswitchd_pid), time.perf_counter())
+                results = list(pool.map(lambda j, v=verb: one(v, j), jobs))
+                cpu[verb + "-agent"] = _cpu_s(agent_pid) - before[0]
+                cpu[verb + "-vswitchd"] = _cpu_s(info.ovs_vswitchd_pid) - before[1]
+                cpu[verb + "-wall"] = time.perf_counter() - before[2]
+                if verb == "ADD":
+                    adds = results
+                else:
+                    dels = results
     finally:
         for n in names:
             subprocess.run(["ip", "netns", "delete", n], check=False)
@@ -168,15 +185,20 @@ def burst(info: lab.LabInfo, work: Path, agent_conf: Path, sock: str, pods: int,
         addresses = db.execute("SELECT count(*) FROM allocation").fetchone()[0]
     records = [p for p in (Path(info.state_dir) / "attachments").rglob("*") if p.is_file()]
     n = len(jobs)
-    return [f"**Burst**: {pods} pods × {rails} attachments = {n} ADDs, {parallel} execs in parallel, "
-            "lab OVS + tenantnet-ipam, through shim + agent; then the same DELs:", "",
-            "| phase | wall time (s) | per attachment (ms) | failed |", "|---|---:|---:|---:|",
-            f"| {n} ADDs | {add_s:.1f} | {add_s * 1000 / n:.1f} | {n - ports_up} |",
-            f"| {n} DELs | {del_s:.1f} | {del_s * 1000 / n:.1f} | {sum(1 for c, _ in dels if c)} |",
-            "",
+    what = ("every rail on one network and VLAN (one broadcast domain of all ports)" if one_vlan else
+            f"one network and VLAN per rail ({rails} networks)")
+    rows = []
+    for verb, results in (("ADD", adds), ("DEL", dels)):
+        wall = cpu[verb + "-wall"]
+        rows.append(f"| {n} {verb}s | {wall:.1f} | {wall * 1000 / n:.1f} | {sum(1 for c, _ in results if c)} "
+                    f"| {cpu[verb + '-agent']:.1f} | {cpu[verb + '-vswitchd']:.1f} |")
+    return [f"**Burst, {what}**: {pods} pods × {rails} attachments = {n} ADDs, {parallel} execs in "
+            "parallel, lab OVS + tenantnet-ipam, through shim + agent; then the same DELs:", "",
+            "| phase | wall time (s) | per attachment (ms) | failed | agent CPU (s) | ovs-vswitchd CPU (s) |",
+            "|---|---:|---:|---:|---:|---:|", *rows, "",
             f"Left afterwards: {len(owned)} OVS ports of ours, {addresses} addresses, "
             f"{len(records)} records. "
-            f"Agent peak RSS {status['peakRssKb'] / 1024:.0f} MB ({status['workers']} workers, limit "
+            f"Agent peak RSS so far {status['peakRssKb'] / 1024:.0f} MB ({status['workers']} workers, limit "
             f"{status['maxInflight']} in flight, {status['rejected']} rejected)."
             + (f" Distinct failures (message ends): {failed[:3]}" if failed else "")]
 
@@ -202,12 +224,11 @@ def main() -> None:
         lines = [machine_line(args.count, "attachments per variant"), ""]
         lines += latency(info, work, agent_conf, plain_conf, args.count)
         lines += ["", *overhead(agent_conf, plain_conf, max(args.count, 30))]
-        lines += ["", *burst(info, work, agent_conf, f"{work}/sock/agent.sock", args.pods, args.rails,
-                             args.parallel)]
+        for one_vlan in (False, True):
+            lines += ["", *burst(info, work, agent_conf, agent.pid, f"{work}/sock/agent.sock", args.pods,
+                                 args.rails, args.parallel, one_vlan)]
     finally:
-        if agent.poll() is None:
-            os.kill(agent.pid, signal.SIGTERM)
-            agent.wait(timeout=30)
+        stop_agent(agent)
         lab.down(info.root)
         subprocess.run(["rm", "-rf", str(work)], check=False)
     write_block(args.out, "bench_agent", lines)

@@ -19,7 +19,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import interleaved, machine_line, runtime_env, summary, table, write_block  # noqa: E402
+from bench.common import (  # noqa: E402
+    interleaved,
+    machine_line,
+    runtime_env,
+    start_agent,
+    stop_agent,
+    summary,
+    table,
+    write_block,
+)
 from tenantnet import lab  # noqa: E402
 
 PLUGIN = str(Path(sys.executable).parent / "tenantnet")
@@ -33,23 +42,33 @@ def main() -> None:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="tn-bench-vf-"))
-    info = lab.up(str(work / "lab"), vfs=1)
-    vf = info.nics[0]["vfs"][0]
+    info = lab.up(str(work / "lab"), vfs=2)
+    vf, vf_inproc = info.nics[0]["vfs"][0], info.nics[0]["vfs"][1]
     hostlocal = str(work / "host-local")
-    base_env = runtime_env(info.node_config)
+    node_text = Path(info.node_config).read_text()
+    agent_conf = work / "agent.yaml"
+    agent_conf.write_text(node_text + f"agentSocket: {work}/sock/agent.sock\n")
+    plain_conf = work / "plain.yaml"  # names a socket nobody serves: always in-process
+    plain_conf.write_text(node_text + f"agentSocket: {work}/none/agent.sock\n")
+    agent = start_agent(agent_conf, work / "agent.err")
 
     def ipam(subnet: str) -> dict:
         return {"type": "host-local", "ranges": [[{"subnet": subnet}]], "dataDir": hostlocal}
 
     ours = {"cniVersion": "1.0.0", "name": "bench-vf", "type": "tenantnet", "deviceID": vf["address"],
             "vlan": 100, "ipam": ipam("10.203.0.0/16")}
+    inproc = {**ours, "name": "bench-vf-inproc", "deviceID": vf_inproc["address"],
+              "ipam": ipam("10.205.0.0/16")}
     # A veth end stands in for the Go plugin's device: a netdev in the host, like the lab VF.
     subprocess.run(["ip", "link", "add", "tnbhd0", "type", "veth", "peer", "name", "tnbhd0p"], check=True)
     go = {"cniVersion": "1.0.0", "name": "bench-hd", "type": "host-device", "device": "tnbhd0",
           "ipam": ipam("10.204.0.0/16")}
     try:
-        times = interleaved([("ours", PLUGIN, ours), ("go", GO_HOST_DEVICE, go)], base_env, args.count)
+        times = interleaved([("ours", PLUGIN, ours, str(agent_conf)),
+                             ("go", GO_HOST_DEVICE, go, str(plain_conf)),
+                             ("inproc", PLUGIN, inproc, str(plain_conf))], runtime_env(), args.count)
     finally:
+        stop_agent(agent)
         subprocess.run(["ip", "link", "delete", "tnbhd0"], capture_output=True, check=False)
         lab.down(info.root)
         subprocess.run(["rm", "-rf", str(work)], check=False)
@@ -57,7 +76,9 @@ def main() -> None:
     s = {k: summary(v) for k, v in times.items()}
     lines = [machine_line(args.count, "attachments per plugin"), "",
              *table([("ADD", s["ours-add"], s["go-add"]), ("DEL", s["ours-del"], s["go-del"])],
-                    "tenantnet `sriov` (lab VF)", "Go `host-device`+`host-local`")]
+                    "tenantnet `sriov` (lab VF), shim+agent", "Go `host-device`+`host-local`"), "",
+             *table([("ADD", s["inproc-add"], s["go-add"]), ("DEL", s["inproc-del"], s["go-del"])],
+                    "tenantnet `sriov` (lab VF), in-process (no agent)", "Go `host-device`+`host-local`")]
     write_block(args.out, "bench_sriov", lines)
 
 

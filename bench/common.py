@@ -34,23 +34,25 @@ def exec_plugin(cmd: str, env: dict[str, str], conf: dict) -> float:
     return elapsed
 
 
-def interleaved(plugins: list[tuple[str, str, dict]], base_env: dict[str, str],
-                count: int) -> dict[str, list[float]]:
+def interleaved(plugins: list[tuple[str, str, dict]] | list[tuple[str, str, dict, str]],
+                base_env: dict[str, str], count: int) -> dict[str, list[float]]:
     """ADD then DEL of one attachment per plugin per round, each in a fresh netns (made and
     removed outside the timing), rounds interleaved so that machine noise hits all alike.
+    A plugin entry is (who, executable, network config[, node config for TENANTNET_CONFIG]).
     Returns "<who>-add" / "<who>-del" → wall times in ms."""
     import sys
     import uuid
 
-    times: dict[str, list[float]] = {f"{who}-{v}": [] for who, _, _ in plugins for v in ("add", "del")}
+    times: dict[str, list[float]] = {f"{p[0]}-{v}": [] for p in plugins for v in ("add", "del")}
     netns: list[str] = []
     try:
         for i in range(count):
-            for who, cmd, conf in plugins:
+            for who, cmd, conf, *node in plugins:
                 name = f"tnb-{uuid.uuid4().hex[:8]}"
                 subprocess.run(["ip", "netns", "add", name], check=True)
                 netns.append(name)
-                env = {**base_env, "CNI_CONTAINERID": uuid.uuid4().hex, "CNI_NETNS": f"/run/netns/{name}"}
+                env = {**base_env, "CNI_CONTAINERID": uuid.uuid4().hex, "CNI_NETNS": f"/run/netns/{name}",
+                       **({"TENANTNET_CONFIG": node[0]} if node else {})}
                 times[f"{who}-add"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "ADD"}, conf))
                 times[f"{who}-del"].append(exec_plugin(cmd, {**env, "CNI_COMMAND": "DEL"}, conf))
                 subprocess.run(["ip", "netns", "delete", name], check=True)
@@ -104,3 +106,33 @@ if __name__ == "__main__":
     import sys
 
     write_block(sys.argv[2], sys.argv[1], sys.stdin.read().rstrip("\n").splitlines())
+
+
+def start_agent(node_config: Path, log: Path) -> subprocess.Popen[bytes]:
+    """`tenantnetctl agent run` for `node_config` (which names its agentSocket), once it answers."""
+    import sys
+
+    from tenantnet import agent as agentmod
+    from tenantnet import shim
+
+    with open(log, "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.agent", "--node-config", str(node_config),
+                                 "run"], stdout=subprocess.DEVNULL, stderr=err)
+    sock = shim.agent_socket_of(str(node_config))[0]
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            agentmod.query_status(sock)
+            return proc
+        except (shim.AgentUnavailable, shim.AgentFailed):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"agent did not start: {log.read_text()}") from None
+            time.sleep(0.05)
+
+
+def stop_agent(proc: subprocess.Popen[bytes]) -> None:
+    import signal
+
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
