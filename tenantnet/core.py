@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import signal
 import time
+from concurrent import futures
+from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
@@ -121,8 +123,10 @@ class Plugin:
         _fault("after-record")
         started = time.perf_counter()
         record.progress = set()
+        pending: Future[Any] | None = None
         try:
             attached = driver.attach(record, tconf)
+            pending = attached.pending
             _fault("after-attach")
             devinfo_path = conf.runtime("CNIDeviceInfoFile")
             if devinfo_path and attached.device_info:
@@ -143,10 +147,15 @@ class Plugin:
             else:
                 pod = Interface(name=attached.pod_ifname, sandbox=env.netns, pci_id=attached.pci_id)
             result = _assemble(conf.prev_result, attached.host, pod, ipam_result, tconf.dns)
+            if pending is not None:
+                pending.result()  # the driver's background step: its failure fails the ADD
             record.phase = PHASE_READY
             record.result = result.to_dict(RECORD_VERSION)
-            self.records.save(record)
+            # The file exists already: its directory entry need not be made durable again.
+            self.records.save(record, new_file=False)
         except BaseException as exc:
+            if pending is not None:
+                futures.wait([pending])  # the rollback must not race the driver's background step
             err = system_error(exc, f"ADD {env.container_id}/{env.ifname} on network {conf.name}")
             self.log.warning("add.failed", network=conf.name, container_id=env.container_id,
                              ifname=env.ifname, code=err.code, error=err.msg,

@@ -113,7 +113,10 @@ class RecordStore:
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptRecord(f"attachment record {path} is unreadable: {exc}") from None
 
-    def save(self, record: AttachmentRecord) -> None:
+    def save(self, record: AttachmentRecord, *, new_file: bool = True) -> None:
+        """Write the record atomically (temp file, fsync, rename). With `new_file` the
+        directory is fsynced too, so that the name itself survives a power loss; rewriting
+        an existing record can skip that: losing the rename leaves its previous version."""
         record.updated = time.time()
         path = self.path(*record.key)
         directory = os.path.dirname(path)
@@ -132,6 +135,8 @@ class RecordStore:
             except FileNotFoundError:
                 pass
             raise
+        if not new_file:
+            return
         dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)

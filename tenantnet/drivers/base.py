@@ -8,8 +8,10 @@ mode means adding a module here and a line in `_DRIVERS` — nothing else change
 from __future__ import annotations
 
 import importlib
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +36,24 @@ class Attached:
     has_netdev: bool = True
     # The NPWG device-info "pci" fields (pci-address, pf-pci-address, rdma-device, …).
     device_info: dict[str, str] | None = None
+    # Driver work still running on a helper thread (ovs: the port's OVSDB transaction) while
+    # the core does IPAM and the pod's addresses; the core waits for it before it reports
+    # success, and before any rollback.
+    pending: Future[Any] | None = None
+
+
+_helpers: ThreadPoolExecutor | None = None
+_helpers_lock = threading.Lock()
+
+
+def in_background(work: Callable[..., Any], *args: Any) -> Future[Any]:
+    """Run `work(*args)` on a helper thread of the host namespace, for steps that mostly wait
+    (an OVSDB round trip, the kernel tearing a veth down) while the caller goes on."""
+    global _helpers
+    with _helpers_lock:
+        if _helpers is None:
+            _helpers = ThreadPoolExecutor(16, thread_name_prefix="tenantnet-helper")
+    return _helpers.submit(work, *args)
 
 
 class Driver(ABC):

@@ -13,7 +13,7 @@ from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.result import Interface
 from tenantnet import config
-from tenantnet.drivers.base import Attached, Driver
+from tenantnet.drivers.base import Attached, Driver, in_background
 from tenantnet.netconf import TenantnetConf
 from tenantnet.records import AttachmentRecord, PodRef
 from tenantnet.system import netlink, ovsdb
@@ -77,18 +77,25 @@ class OvsDriver(Driver):
                 f"in {record.netns}",
             ) from None
         record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
-        add_owned_port(db, record, host)
+        # The transaction (a round trip to ovsdb-server) runs while the core allocates
+        # addresses and configures the pod; the core waits for it before answering.
+        pending = in_background(add_owned_port, db, record, host)
         link = netlink.host_link(host)
-        return Attached(host=Interface(name=host, mac=link.mac if link else ""), pod_ifname=record.ifname)
+        return Attached(host=Interface(name=host, mac=link.mac if link else ""), pod_ifname=record.ifname,
+                        pending=pending)
 
     def detach(self, record: AttachmentRecord) -> None:
         host = record.plan.get("hostIfname") or host_ifname(record.container_id, record.ifname)
         done = record.progress
-        if done is None or STEP_PORT in done:
-            self._db(record).delete_port(host)
-        if done is None or STEP_VETH in done:
-            # Deleting the host end removes the pod end too, wherever it is.
-            netlink.delete_host_link(host)
+        # Deleting the host end removes the pod end too, wherever it is. The kernel takes
+        # ≈ 20 ms for it (mostly waiting for RCU), so it runs beside the port's transaction.
+        unlink = in_background(netlink.delete_host_link, host) if done is None or STEP_VETH in done else None
+        try:
+            if done is None or STEP_PORT in done:
+                self._db(record).delete_port(host)
+        finally:
+            if unlink is not None:
+                unlink.result()
 
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
         host = record.plan["hostIfname"]
