@@ -176,7 +176,11 @@ class Ovsdb:
                         helper.register_columns(table, columns)
                     idl = _quiet_idl_class()(self.endpoint, helper)
                     self._conn = connection.Connection(idl, timeout=self.timeout)
-                    self._api = impl_idl.OvsdbIdl(self._conn, start=True)
+                    # ovsdbapp keeps the connection on the API *class* (the first one set
+                    # wins), so a second endpoint in this process would silently use the
+                    # first one's database: one subclass per endpoint.
+                    api_class = type("OvsdbIdl", (impl_idl.OvsdbIdl,), {"_ovsdb_connection": None})
+                    self._api = api_class(self._conn, start=True)
                 except Exception as exc:
                     raise OvsdbUnavailable(f"cannot sync with OVSDB at {self.endpoint}: {exc}") from None
             return self._api
@@ -254,25 +258,25 @@ class Ovsdb:
             pause = min(pause * 2, 0.01)
 
     # ---- queries (from the replica) ---------------------------------------------------
-    @staticmethod
-    def _named(tables: dict[str, Any], table: str, name: str) -> Any:
-        for row in tables[table].rows.values():
-            if row.name == name:
-                return row
-        return None
+    def _named(self, table: str, name: str) -> Any:
+        """The row of `table` called `name` (ovsdbapp's index on `name`), or None. Only
+        inside `_replica`, which holds the lock the index is maintained under."""
+        from ovsdbapp.backend.ovs_idl import idlutils
+
+        return idlutils.row_by_value(self.api.idl, table, "name", name, None)
 
     def bridge_exists(self, bridge: str) -> bool:
-        with self._replica(f"looking up bridge {bridge}") as tables:
-            return self._named(tables, "Bridge", bridge) is not None
+        with self._replica(f"looking up bridge {bridge}"):
+            return self._named("Bridge", bridge) is not None
 
     def bridge_datapath(self, bridge: str) -> str:
-        with self._replica("reading bridge") as tables:
-            row = self._named(tables, "Bridge", bridge)
+        with self._replica("reading bridge"):
+            row = self._named("Bridge", bridge)
             return str(row.datapath_type) if row is not None else ""
 
     def port(self, name: str) -> PortState | None:
         with self._replica(f"reading port {name}") as tables:
-            return self._port_state(tables, self._named(tables, "Port", name))
+            return self._port_state(tables, self._named("Port", name))
 
     def _port_state(self, tables: dict[str, Any], p: Any,
                     bridges: dict[Any, str] | None = None) -> PortState | None:
@@ -387,7 +391,9 @@ def _delete_owned_port_command() -> type:
             self.name = name
 
         def run_idl(self, txn: Any) -> None:
-            port = next((p for p in self.api._tables["Port"].rows.values() if p.name == self.name), None)
+            from ovsdbapp.backend.ovs_idl import idlutils
+
+            port = idlutils.row_by_value(self.api.idl, "Port", "name", self.name, None)
             if port is None:
                 self.result = False
                 return

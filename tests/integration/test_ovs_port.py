@@ -4,6 +4,7 @@ port) and a host end without IPv6 addresses."""
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,3 +37,24 @@ def test_host_end_has_no_ipv6_address(lab: Any, plugin: Any, netns_factory: Any,
     assert Path(f"/proc/sys/net/ipv6/conf/{host}/addr_gen_mode").read_text().strip() == "1"
     assert not Path("/proc/net/if_inet6").read_text().count(f" {host}\n")
     assert plugin.call("DEL", plugin.conf(), cid, ns.path).code == 0
+
+
+def test_two_ovsdb_endpoints_in_one_process_stay_apart(lab: Any, nic_lab: Any) -> None:
+    """ovsdbapp keeps its connection on the API class; each endpoint must get its own."""
+    from tenantnet.system import ovsdb
+
+    plain, nic = ovsdb.connect(lab.ovsdb), ovsdb.connect(nic_lab.ovsdb)
+    assert plain is not nic
+    # Only the NIC lab has the emulated embedded switch's bridge.
+    assert nic.bridge_exists("br-esw0") and not plain.bridge_exists("br-esw0")
+    assert plain.bridge_exists(lab.bridge) and nic.bridge_exists(nic_lab.bridge)
+    # A port written through one handle lands in that database only.
+    name = "tnx" + uuid.uuid4().hex[:8]
+    nic.add_port(ovsdb.PortSpec(bridge=nic_lab.bridge, name=name, tag=9))
+    try:
+        assert name in nic_lab.vsctl("list-ports", nic_lab.bridge).split()
+        assert name not in lab.vsctl("list-ports", lab.bridge).split()
+        assert plain.port(name) is None and nic.port(name) is not None
+    finally:
+        assert nic.delete_port(name) is True
+    assert name not in nic_lab.vsctl("list-ports", nic_lab.bridge).split()
