@@ -8,7 +8,9 @@ Debian's Go `bridge` + `host-local`, measured in the same run on this machine.
    bare interpreter start and VERSION in-process.
 3. The burst: 128 pods × 8 attachments (1,024 ADDs, 16 execs in parallel, lab OVS ports,
    tenantnet-ipam), then the 1,024 DELs; afterwards no OVS port, address or record may be
-   left; the agent's peak RSS.
+   left; the agent's peak RSS and the CPU the agent and ovs-vswitchd used. Twice: with one
+   network and VLAN per rail (as GPU clusters deploy rails), and with every rail on one
+   network and VLAN (all 1,024 ports in one broadcast domain).
 
 Every figure is the wall time of one exec as a runtime would see it (env + stdin, fork +
 exec + wait); netns creation is outside the timing.
@@ -107,17 +109,23 @@ def latency(info: lab.LabInfo, work: Path, agent_conf: Path, plain_conf: Path, c
 
 def overhead(agent_conf: Path, plain_conf: Path, count: int) -> list[str]:
     base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_COMMAND": "VERSION"}
-    rows: dict[str, list[float]] = {"python": [], "agent": [], "inproc": []}
+    rows: dict[str, list[float]] = {"true": [], "python": [], "python-IS": [], "agent": [], "inproc": []}
     for _ in range(count):
+        rows["true"].append(timed(["/bin/true"], base, b""))
         rows["python"].append(timed([sys.executable, "-c", "pass"], base, b""))
+        rows["python-IS"].append(timed([sys.executable, "-I", "-S", "-c", "pass"], base, b""))
         rows["agent"].append(timed([PLUGIN], {**base, "TENANTNET_CONFIG": str(agent_conf)}, b"{}"))
         rows["inproc"].append(timed([PLUGIN], {**base, "TENANTNET_CONFIG": str(plain_conf)}, b"{}"))
     s = {k: summary(v) for k, v in rows.items()}
-    labels = {"python": "`python -c pass` (the interpreter alone)", "agent": "shim → agent",
-              "inproc": "shim, no agent → in-process"}
+    labels = {"true": "`/bin/true` (what any exec costs from here)",
+              "python": "`python -c pass` (the interpreter with site-packages)",
+              "python-IS": "`python -I -S -c pass` (the interpreter as the shim starts it)",
+              "agent": "shim → agent", "inproc": "shim, no agent → in-process"}
+    own = s["agent"]["median"] - s["python-IS"]["median"]
     return ["**The shim's own cost** (VERSION: the agent does nothing but answer):", "",
             "| exec | median | p90 |", "|---|---:|---:|",
-            *(f"| {label} | {s[k]['median']:.1f} | {s[k]['p90']:.1f} |" for k, label in labels.items())]
+            *(f"| {label} | {s[k]['median']:.1f} | {s[k]['p90']:.1f} |" for k, label in labels.items()),
+            "", f"The shim adds {own:.1f} ms (median) to the start of the interpreter it runs in."]
 
 
 def _cpu_s(pid: int | None) -> float:

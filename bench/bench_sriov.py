@@ -1,5 +1,7 @@
 """ADD/DEL latency per VF attachment: tenantnet mode `sriov` on the lab's simulated NIC beside
-Debian's Go `host-device` plugin moving a comparable netdev, in the same run.
+Debian's Go `host-device` plugin moving a comparable netdev, in the same run: through the
+shim + agent (with tenantnet-ipam in the agent, and with Go host-local exec'd), and
+in-process (no agent).
 
 Both move an existing host netdev into the pod netns (the costly part, ≈ 19 ms on this
 kernel) and back on DEL; tenantnet also reads and records the VF's state, configures it
@@ -42,8 +44,8 @@ def main() -> None:
     args = ap.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="tn-bench-vf-"))
-    info = lab.up(str(work / "lab"), vfs=2)
-    vf, vf_inproc = info.nics[0]["vfs"][0], info.nics[0]["vfs"][1]
+    info = lab.up(str(work / "lab"), vfs=3)
+    vf, vf_inproc, vf_own = (info.nics[0]["vfs"][i] for i in range(3))
     hostlocal = str(work / "host-local")
     node_text = Path(info.node_config).read_text()
     agent_conf = work / "agent.yaml"
@@ -59,12 +61,16 @@ def main() -> None:
             "vlan": 100, "ipam": ipam("10.203.0.0/16")}
     inproc = {**ours, "name": "bench-vf-inproc", "deviceID": vf_inproc["address"],
               "ipam": ipam("10.205.0.0/16")}
+    own = {**ours, "name": "bench-vf-own", "deviceID": vf_own["address"],
+           "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.206.0.0/16"}]],
+                    "dataDir": str(work / "ipam")}}
     # A veth end stands in for the Go plugin's device: a netdev in the host, like the lab VF.
     subprocess.run(["ip", "link", "add", "tnbhd0", "type", "veth", "peer", "name", "tnbhd0p"], check=True)
     go = {"cniVersion": "1.0.0", "name": "bench-hd", "type": "host-device", "device": "tnbhd0",
           "ipam": ipam("10.204.0.0/16")}
     try:
-        times = interleaved([("ours", PLUGIN, ours, str(agent_conf)),
+        times = interleaved([("own", PLUGIN, own, str(agent_conf)),
+                             ("ours", PLUGIN, ours, str(agent_conf)),
                              ("go", GO_HOST_DEVICE, go, str(plain_conf)),
                              ("inproc", PLUGIN, inproc, str(plain_conf))], runtime_env(), args.count)
     finally:
@@ -74,11 +80,15 @@ def main() -> None:
         subprocess.run(["rm", "-rf", str(work)], check=False)
 
     s = {k: summary(v) for k, v in times.items()}
+    go_label = "Go `host-device`+`host-local`"
+
+    def rows(who: str) -> list[tuple[str, dict, dict]]:
+        return [("ADD", s[f"{who}-add"], s["go-add"]), ("DEL", s[f"{who}-del"], s["go-del"])]
+
     lines = [machine_line(args.count, "attachments per plugin"), "",
-             *table([("ADD", s["ours-add"], s["go-add"]), ("DEL", s["ours-del"], s["go-del"])],
-                    "tenantnet `sriov` (lab VF), shim+agent", "Go `host-device`+`host-local`"), "",
-             *table([("ADD", s["inproc-add"], s["go-add"]), ("DEL", s["inproc-del"], s["go-del"])],
-                    "tenantnet `sriov` (lab VF), in-process (no agent)", "Go `host-device`+`host-local`")]
+             *table(rows("own"), "tenantnet `sriov` (lab VF), shim+agent, tenantnet-ipam", go_label), "",
+             *table(rows("ours"), "tenantnet `sriov` (lab VF), shim+agent, Go host-local", go_label), "",
+             *table(rows("inproc"), "tenantnet `sriov` (lab VF), in-process (no agent)", go_label)]
     write_block(args.out, "bench_sriov", lines)
 
 
