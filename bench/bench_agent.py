@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     exec_plugin,
     machine_line,
+    node_configs,
     runtime_env,
     start_agent,
     stop_agent,
@@ -222,11 +223,7 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="tnba-"))
     info = lab.up(str(work / "lab"))
-    node_text = Path(info.node_config).read_text()
-    agent_conf = work / "agent.yaml"
-    agent_conf.write_text(node_text + f"agentSocket: {work}/sock/agent.sock\n")
-    plain_conf = work / "plain.yaml"  # names a socket nobody serves: always in-process
-    plain_conf.write_text(node_text + f"agentSocket: {work}/none/agent.sock\n")
+    agent_conf, plain_conf = node_configs(info.node_config, work)
     agent = start_agent(agent_conf, work / "agent.err")
     try:
         lines = [machine_line(args.count, "attachments per variant"), ""]

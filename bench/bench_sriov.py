@@ -24,6 +24,7 @@ sys.path.insert(0, str(ROOT))
 from bench.common import (  # noqa: E402
     interleaved,
     machine_line,
+    node_configs,
     runtime_env,
     start_agent,
     stop_agent,
@@ -47,11 +48,7 @@ def main() -> None:
     info = lab.up(str(work / "lab"), vfs=3)
     vf, vf_inproc, vf_own = (info.nics[0]["vfs"][i] for i in range(3))
     hostlocal = str(work / "host-local")
-    node_text = Path(info.node_config).read_text()
-    agent_conf = work / "agent.yaml"
-    agent_conf.write_text(node_text + f"agentSocket: {work}/sock/agent.sock\n")
-    plain_conf = work / "plain.yaml"  # names a socket nobody serves: always in-process
-    plain_conf.write_text(node_text + f"agentSocket: {work}/none/agent.sock\n")
+    agent_conf, plain_conf = node_configs(info.node_config, work)
     agent = start_agent(agent_conf, work / "agent.err")
 
     def ipam(subnet: str) -> dict:

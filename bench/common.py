@@ -136,3 +136,13 @@ def stop_agent(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=30)
+
+
+def node_configs(node_config: str, work: Path) -> tuple[Path, Path]:
+    """Two copies of a lab's node config under `work`: one naming the agent socket
+    `work/sock/agent.sock` (for start_agent), one naming a socket nobody serves (in-process)."""
+    text = Path(node_config).read_text()
+    agent_conf, plain_conf = work / "agent.yaml", work / "plain.yaml"
+    agent_conf.write_text(text + f"agentSocket: {work}/sock/agent.sock\n")
+    plain_conf.write_text(text + f"agentSocket: {work}/none/agent.sock\n")
+    return agent_conf, plain_conf

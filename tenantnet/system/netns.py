@@ -37,7 +37,8 @@ def netns_exists(path: str) -> bool:
     return True
 
 
-def _open_ns(path: str) -> int:
+def open_netns_fd(path: str) -> int:
+    """A file descriptor of the network namespace at `path` (the caller closes it)."""
     try:
         return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -76,7 +77,7 @@ def open_rtnl(path: str) -> Any:
     namespace and is then used from the caller's thread (≈ 0.2 ms in all)."""
     from tenantnet.system import rtnl
 
-    fd = _open_ns(path)
+    fd = open_netns_fd(path)
     try:
         return rtnl.Rtnl(_in_thread_inside(fd, path, rtnl.open_socket))
     finally:
@@ -86,7 +87,7 @@ def open_rtnl(path: str) -> Any:
 def run_in_netns(path: str, work: Callable[[Any], T]) -> T:
     """Call `work(ipr)` with a pyroute2 IPRoute socket opened inside the namespace at `path`
     (for what tenantnet.system.rtnl does not cover)."""
-    fd = _open_ns(path)
+    fd = open_netns_fd(path)
 
     def body() -> T:
         from pyroute2 import IPRoute
