@@ -325,8 +325,13 @@ class Plugin:
         try:
             mode = tnconf.infer_mode(conf.raw)
             driver = drivers.for_mode(mode, self.node)
-            hint = driver.plan(tnconf.parse(conf, _gc_env(env), self.node), _gc_env(env), None) \
-                if mode == "ovs" else {}
+            hint: dict[str, Any] = {}  # sriov has nothing outside its records
+            if mode == "ovs":
+                hint = driver.plan(tnconf.parse(conf, _gc_env(env), self.node), _gc_env(env), None)
+            elif mode == "ovs-offload":
+                # Only where its ports are: a NAD without deviceID (the device plugin gives one
+                # per pod) would not parse as a whole here.
+                hint = {"ovsdb": tnconf.ovsdb_endpoint(conf.raw, self.node)}
             doomed += driver.orphans(conf.name, keep, recorded, hint)
         except (CniError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
             problems.append(system_error(exc, "looking for unrecorded OVS ports"))

@@ -148,7 +148,9 @@ def infer_mode(raw: dict[str, Any]) -> str:
     )
 
 
-def _ovsdb_endpoint(raw: dict[str, Any], node: NodeConfig) -> str:
+def ovsdb_endpoint(raw: dict[str, Any], node: NodeConfig) -> str:
+    """The OVSDB endpoint a network config names (ovs-cni's `socket_file` or
+    `configuration_path`), else the node's."""
     socket_file = raw.get("socket_file")
     if socket_file is None and raw.get("configuration_path") is not None:
         socket_file = _socket_from_configuration_path(raw["configuration_path"])
@@ -243,7 +245,7 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
             trunks=parse_trunk(raw.get("trunk")),
             mtu=_int_field(raw, "mtu", 68, 65535),
             ofport_request=_int_field(raw, "ofport_request", 1, 65279),
-            ovsdb=_ovsdb_endpoint(raw, node),
+            ovsdb=ovsdb_endpoint(raw, node),
         )
         for key in ("link_state_check_retries", "link_state_check_interval"):
             _int_field(raw, key, 0, 100000)  # accepted for ovs-cni compatibility; veths need no wait

@@ -19,12 +19,28 @@ from cni.errors import CniError, Code
 from cni.result import Interface
 from tenantnet import config
 from tenantnet.drivers.base import Attached
-from tenantnet.drivers.ovs import add_owned_port, check_owned_port, link_drift
+from tenantnet.drivers.ovs import (
+    EXT_CONTAINER,
+    EXT_IFNAME,
+    EXT_NETNS,
+    EXT_NETWORK,
+    EXT_POD_NAME,
+    EXT_POD_NS,
+    EXT_POD_UID,
+    add_owned_port,
+    check_owned_port,
+    link_drift,
+)
 from tenantnet.drivers.sriov import SriovDriver
 from tenantnet.netconf import TenantnetConf
-from tenantnet.records import AttachmentRecord
+from tenantnet.records import AttachmentRecord, PodRef
 from tenantnet.system import netlink, ovsdb
-from tenantnet.system.sysfs import VirtualFunction, find_representor, representor_from_devlink
+from tenantnet.system.sysfs import (
+    VirtualFunction,
+    find_representor,
+    representor_from_devlink,
+    vf_of_representor,
+)
 from tenantnet.system.vfcontrol import VfState
 
 STEP_PORT = "port"
@@ -141,7 +157,31 @@ class OvsOffloadDriver(SriovDriver):
             self._db(plan.get("ovsdb")).delete_port(rep)
             if netlink.host_link(rep) is not None:
                 netlink.set_host_link(rep, up=False)
-        super().detach(record)
+        if "deviceID" in plan:  # an orphan port whose VF could not be found has only the port
+            super().detach(record)
+
+    def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
+                plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
+        """Representor ports of ours on `network` without a record (an ADD killed before its
+        record was written, a record lost with a disk): the VF is found again from the
+        representor and reset to the fail-safe state, as DEL without a record does."""
+        db = self._db(plan_hint.get("ovsdb"))
+        found = []
+        for port in db.owned_ports():
+            ids = port.external_ids
+            ident = (ids.get(EXT_CONTAINER, ""), ids.get(EXT_IFNAME, ""))
+            if ids.get(EXT_NETWORK) != network or ident in keep or ident in recorded:
+                continue
+            plan: dict[str, Any] = {"representor": port.name, "bridge": port.bridge, "ovsdb": db.endpoint}
+            vf = vf_of_representor(self.sysfs, port.name)
+            if vf is not None:
+                plan.update(self.vf_plan_without_record(vf))
+            found.append(AttachmentRecord(
+                network=network, container_id=ident[0], ifname=ident[1], mode=self.mode,
+                netns=ids.get(EXT_NETNS, ""),
+                pod=PodRef(ids.get(EXT_POD_NS, ""), ids.get(EXT_POD_NAME, ""), ids.get(EXT_POD_UID, "")),
+                plan=plan))
+        return found
 
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
         drift = super().check(record, conf)

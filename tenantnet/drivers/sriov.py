@@ -171,12 +171,19 @@ class SriovDriver(Driver):
         assert conf.vf is not None
         if not conf.vf.device_id:
             raise CniError(Code.INVALID_CONFIG, "no record and no deviceID: cannot tell which VF to reset")
-        vf = self._vf(conf.vf.device_id)
+        return self.vf_plan_without_record(self._vf(conf.vf.device_id))
+
+    @staticmethod
+    def vf_plan_without_record(vf: VirtualFunction) -> dict[str, Any]:
+        """The plan that undoes an attachment of `vf` whose record is lost."""
         return {
             "deviceID": vf.address, "pfAddress": vf.pf_address, "pf": vf.pf_netdev,
             "vfIndex": vf.index, "driver": vf.driver, "dpdk": vf.userspace,
-            # Unknown original: reset to the fail-safe state; the netdev keeps the kernel's name.
-            "original": {"vf": SAFE_VF_STATE.to_dict(), "netdev": None},
+            # Unknown original: reset to the fail-safe state; the netdev comes home under the
+            # name sysfs knows for it (if any), down.
+            "original": {"vf": SAFE_VF_STATE.to_dict(),
+                         "netdev": {"name": vf.netdev, "mac": "", "mtu": 0, "up": False} if vf.netdev
+                         else None},
         }
 
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:

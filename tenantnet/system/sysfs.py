@@ -303,6 +303,38 @@ def _read_attribute(path: str) -> str | None:
         return None
 
 
+def vf_of_representor(sysfs: Sysfs, representor: str) -> VirtualFunction | None:
+    """The VF a representor netdev stands for (the reverse of `find_representor`), or None:
+    the PF with the same `phys_switch_id` (and, if the name says, the same PF number)
+    and its VF of the index in the representor's `phys_port_name`."""
+    net = os.path.join(sysfs.root, "class", "net")
+    switch_id = _read_attribute(os.path.join(net, representor, "phys_switch_id"))
+    parsed = representor_vf_index(_read_attribute(os.path.join(net, representor, "phys_port_name")) or "")
+    if not switch_id or parsed is None:
+        return None
+    pf_number, vf_index = parsed
+    try:
+        names = sorted(os.listdir(net))
+    except OSError:
+        return None
+    for name in names:
+        if name == representor or _read_attribute(os.path.join(net, name, "phys_switch_id")) != switch_id:
+            continue
+        port = _read_attribute(os.path.join(net, name, "phys_port_name")) or ""
+        if representor_vf_index(port) is not None:
+            continue  # another representor
+        if pf_number is not None and re.fullmatch(r"p\d+", port) and int(port[1:]) != pf_number:
+            continue  # another PF's uplink on a shared switch
+        try:
+            vfs = sysfs.vfs_of_pf(sysfs.pf_address(name))
+        except SysfsError:
+            continue
+        found = next((vf for vf in vfs if vf.index == vf_index), None)
+        if found is not None:
+            return found
+    return None
+
+
 def find_representor(sysfs: Sysfs, vf: VirtualFunction) -> str | None:
     """The netdev representing `vf` on the eswitch (switchdev mode), or None (legacy mode).
 

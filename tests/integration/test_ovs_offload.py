@@ -187,3 +187,29 @@ def test_offload_report_shows_representor_flows_and_nic_findings(switchdev_lab, 
             next(iter(s["pfs"].values()))["hwTcOffload"] = True
     for ns, cid, conf, _ in pods:
         assert off.call("DEL", conf, cid, ns.path).code == 0
+
+
+def test_gc_releases_an_unrecorded_representor_port_and_its_vf(switchdev_lab, off, netns_factory):
+    """A record lost (or never written by an ADD killed at the wrong instant): GC finds the
+    representor port by its ownership tag, finds the VF again from the representor, deletes
+    the port and gives the VF back to the host in the fail-safe state."""
+    vf = nic(switchdev_lab)["vfs"][2]
+    ns = netns_factory()
+    cid = new_cid()
+    conf = conf_for(switchdev_lab, vf, vlan=300, mac="02:96:00:00:00:07")
+    assert off.add(conf, ns, cid).code == 0
+    ctl = LabVfControl(str(switchdev_lab.root))
+    assert ctl.read(nic(switchdev_lab)["pf"], vf["index"]).mac == "02:96:00:00:00:07"
+    for record in switchdev_lab.records():
+        record.unlink()
+    gc = {**conf, "cni.dev/valid-attachments": []}
+    gc.pop("deviceID")  # as a NAD whose VF the device plugin hands out per pod
+    inv = off.raw(off.env("GC", netns=None, cni_args=""), json.dumps(gc))
+    assert inv.code == 0, inv.stdout
+    assert switchdev_lab.owned_ports() == [] and switchdev_lab.records() == []
+    # The VF's netdev is back in the host under its own name, and the one VF setting that
+    # belongs to the PF in switchdev mode (the admin MAC) is reset.
+    link = subprocess.run(["ip", "-j", "link", "show", "dev", vf["netdev"]], capture_output=True, text=True)
+    assert link.returncode == 0, f"{vf['netdev']} not back in the host"
+    assert ctl.read(nic(switchdev_lab)["pf"], vf["index"]).mac == "00:00:00:00:00:00"
+    off.cleanups.clear()  # nothing left to DEL

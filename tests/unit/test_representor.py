@@ -55,3 +55,17 @@ def test_representor_from_devlink_port_dump():
     assert representor_from_devlink("0000:06:00.0", 7, dump) is None  # no such VF
     assert representor_from_devlink("0000:06:00.0", 0, '{"port": {}}') is None
     assert representor_from_devlink("0000:06:00.0", 0, "not json") is None
+
+
+def test_vf_of_representor_is_the_reverse_lookup(tmp_path):
+    from tenantnet.system.sysfs import vf_of_representor
+
+    pf = connectx_pf("ens1f0", vfs=3)
+    pf.switch_id = "0011223344"
+    write_tree(tmp_path, [pf])
+    write_representors(tmp_path, pf, {0: "ens1f0_0", 1: "ens1f0_1", 2: "ens1f0_2"})
+    sysfs = Sysfs(str(tmp_path))
+    vfs = sysfs.vfs_of_pf(pf.address)
+    assert [vf_of_representor(sysfs, f"ens1f0_{i}").address for i in range(3)] == [vf.address for vf in vfs]
+    assert vf_of_representor(sysfs, "ens1f0") is None  # the PF's uplink is no VF representor
+    assert vf_of_representor(sysfs, "nosuchdev") is None
