@@ -8,6 +8,7 @@ operator added by hand to the same bridge is never touched.
 
 from __future__ import annotations
 
+import functools
 import json
 import socket
 import threading
@@ -15,6 +16,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 OWNER_KEY = "tenantnet-owner"
@@ -174,7 +176,7 @@ class Ovsdb:
                     helper = idlutils.get_schema_helper(self.endpoint, "Open_vSwitch")
                     for table, columns in _COLUMNS.items():
                         helper.register_columns(table, columns)
-                    idl = _quiet_idl_class()(self.endpoint, helper)
+                    idl = _ovsdbapp_classes().QuietIdl(self.endpoint, helper)
                     self._conn = connection.Connection(idl, timeout=self.timeout)
                     # ovsdbapp keeps the connection on the API *class* (the first one set
                     # wins), so a second endpoint in this process would silently use the
@@ -214,32 +216,17 @@ class Ovsdb:
 
     def _commit(self, what: str, *commands: Any) -> Any:
         """`commands` in one transaction; with wait_vswitchd, return once vswitchd applied it."""
-        from ovsdbapp.backend.ovs_idl import transaction
-
-        class PortTransaction(transaction.Transaction):
-            # What AddPortCommand expects of ovsdbapp's vsctl transaction, without its
-            # wait on the connection thread; our wait (below) bumps next_cfg the same way.
-            def pre_commit(self, txn: Any) -> None:
-                txn.expected_ifaces = set()
-                if wait:
-                    self.api._ovs.increment("next_cfg")
-
-            def post_commit(self, txn: Any) -> None:
-                super().post_commit(txn)
-                self.next_cfg = txn.get_increment_new_value() if wait else None
-
-        wait = self.wait_vswitchd
-        api = self.api
-        txn = PortTransaction(api, self._conn, self.timeout, check_error=True, log_errors=False)
+        txn = _ovsdbapp_classes().PortTransaction(self.api, self._conn, self.timeout, check_error=True,
+                                                  log_errors=False)
+        txn.wait = self.wait_vswitchd
         try:
             for command in commands:
                 txn.add(command)
             result = txn.commit()
         except Exception as exc:
             raise _classify(what, exc) from None
-        target = getattr(txn, "next_cfg", None)
-        if target is not None:
-            self._wait_applied(what, target)
+        if txn.next_cfg is not None:
+            self._wait_applied(what, txn.next_cfg)
         return result
 
     def _wait_applied(self, what: str, next_cfg: int) -> None:
@@ -366,11 +353,14 @@ class Ovsdb:
 
         The ownership check runs inside the deleting transaction, so a port that changes
         hands in between is never removed."""
-        return bool(self._commit(f"deleting port {name}", _DeleteOwnedPort(self.api, name)))
+        delete = _ovsdbapp_classes().DeleteOwnedPort(self.api, name)
+        return bool(self._commit(f"deleting port {name}", delete))
 
 
-def _quiet_idl_class() -> type:
-    from ovsdbapp.backend.ovs_idl import connection
+@functools.cache
+def _ovsdbapp_classes() -> SimpleNamespace:
+    """Our subclasses of ovsdbapp's, built once, on first use (ovsdbapp is a heavy import)."""
+    from ovsdbapp.backend.ovs_idl import command, connection, idlutils, transaction
 
     class QuietIdl(connection.OvsdbIdl):  # type: ignore[misc]
         def cooperative_yield(self) -> None:
@@ -379,20 +369,29 @@ def _quiet_idl_class() -> type:
             # and getting it back can take a switch interval (5 ms) per row under load.
             pass
 
-    return QuietIdl
+    class PortTransaction(transaction.Transaction):  # type: ignore[misc]
+        """What AddPortCommand expects of ovsdbapp's vsctl transaction, without its wait on
+        the connection thread; with `wait` it bumps next_cfg the same way, and the caller
+        waits for vswitchd on its own thread (Ovsdb._wait_applied)."""
 
+        wait = False
+        next_cfg: int | None = None
 
-def _delete_owned_port_command() -> type:
-    from ovsdbapp.backend.ovs_idl import command
+        def pre_commit(self, txn: Any) -> None:
+            txn.expected_ifaces = set()
+            if self.wait:
+                self.api._ovs.increment("next_cfg")
 
-    class DeleteOwnedPort(command.BaseCommand):
+        def post_commit(self, txn: Any) -> None:
+            super().post_commit(txn)
+            self.next_cfg = txn.get_increment_new_value() if self.wait else None
+
+    class DeleteOwnedPort(command.BaseCommand):  # type: ignore[misc]
         def __init__(self, api: Any, name: str) -> None:
             super().__init__(api)
             self.name = name
 
         def run_idl(self, txn: Any) -> None:
-            from ovsdbapp.backend.ovs_idl import idlutils
-
             port = idlutils.row_by_value(self.api.idl, "Port", "name", self.name, None)
             if port is None:
                 self.result = False
@@ -411,17 +410,9 @@ def _delete_owned_port_command() -> type:
             port.delete()
             self.result = True
 
-    return DeleteOwnedPort
+    return SimpleNamespace(QuietIdl=QuietIdl, PortTransaction=PortTransaction,
+                           DeleteOwnedPort=DeleteOwnedPort)
 
-
-def _DeleteOwnedPort(api: Any, name: str) -> Any:  # noqa: N802 - a command class, built lazily
-    global _delete_cls
-    if _delete_cls is None:
-        _delete_cls = _delete_owned_port_command()
-    return _delete_cls(api, name)
-
-
-_delete_cls: type | None = None
 
 _connections: dict[str, Ovsdb] = {}
 # The agent's worker threads share the handles (ovsdbapp's Connection is thread-safe: one
