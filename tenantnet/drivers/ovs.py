@@ -7,6 +7,7 @@ without a record, or GC after a crash all find the same link and port again.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any
 
 from cni.env import CniEnv
@@ -114,23 +115,26 @@ class OvsDriver(Driver):
     def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
                 plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
         db = config.ovsdb_handle(self.node, plan_hint.get("ovsdb"))
-        found = []
-        for port in db.owned_ports():
-            ids = port.external_ids
-            if ids.get(EXT_NETWORK) != network:
-                continue
-            ident = (ids.get(EXT_CONTAINER, ""), ids.get(EXT_IFNAME, ""))
-            if ident in keep or ident in recorded:
-                continue
-            found.append(
-                AttachmentRecord(
-                    network=network, container_id=ident[0], ifname=ident[1], mode=self.mode,
-                    netns=ids.get(EXT_NETNS, ""),
-                    pod=PodRef(ids.get(EXT_POD_NS, ""), ids.get(EXT_POD_NAME, ""), ids.get(EXT_POD_UID, "")),
-                    plan={"hostIfname": port.name, "bridge": port.bridge, "ovsdb": db.endpoint},
-                )
-            )
-        return found
+        return unrecorded_ports(db, network, self.mode, keep | recorded, lambda port: {
+            "hostIfname": port.name, "bridge": port.bridge, "ovsdb": db.endpoint})
+
+
+def unrecorded_ports(db: ovsdb.Ovsdb, network: str, mode: str, known: set[tuple[str, str]],
+                     plan_of: Callable[[ovsdb.PortState], dict[str, Any]]) -> list[AttachmentRecord]:
+    """Synthetic records for our ports on `network` whose (container id, ifname) is not in
+    `known`, rebuilt from the identity their external_ids carry; `plan_of` gives the plan."""
+    found = []
+    for port in db.owned_ports():
+        ids = port.external_ids
+        ident = (ids.get(EXT_CONTAINER, ""), ids.get(EXT_IFNAME, ""))
+        if ids.get(EXT_NETWORK) != network or ident in known:
+            continue
+        found.append(AttachmentRecord(
+            network=network, container_id=ident[0], ifname=ident[1], mode=mode,
+            netns=ids.get(EXT_NETNS, ""),
+            pod=PodRef(ids.get(EXT_POD_NS, ""), ids.get(EXT_POD_NAME, ""), ids.get(EXT_POD_UID, "")),
+            plan=plan_of(port)))
+    return found
 
 
 def add_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, port: str) -> None:

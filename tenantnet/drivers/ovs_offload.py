@@ -19,21 +19,10 @@ from cni.errors import CniError, Code
 from cni.result import Interface
 from tenantnet import config
 from tenantnet.drivers.base import Attached
-from tenantnet.drivers.ovs import (
-    EXT_CONTAINER,
-    EXT_IFNAME,
-    EXT_NETNS,
-    EXT_NETWORK,
-    EXT_POD_NAME,
-    EXT_POD_NS,
-    EXT_POD_UID,
-    add_owned_port,
-    check_owned_port,
-    link_drift,
-)
+from tenantnet.drivers.ovs import add_owned_port, check_owned_port, link_drift, unrecorded_ports
 from tenantnet.drivers.sriov import SriovDriver
 from tenantnet.netconf import TenantnetConf
-from tenantnet.records import AttachmentRecord, PodRef
+from tenantnet.records import AttachmentRecord
 from tenantnet.system import netlink, ovsdb
 from tenantnet.system.sysfs import (
     VirtualFunction,
@@ -166,22 +155,15 @@ class OvsOffloadDriver(SriovDriver):
         record was written, a record lost with a disk): the VF is found again from the
         representor and reset to the fail-safe state, as DEL without a record does."""
         db = self._db(plan_hint.get("ovsdb"))
-        found = []
-        for port in db.owned_ports():
-            ids = port.external_ids
-            ident = (ids.get(EXT_CONTAINER, ""), ids.get(EXT_IFNAME, ""))
-            if ids.get(EXT_NETWORK) != network or ident in keep or ident in recorded:
-                continue
+
+        def plan_of(port: ovsdb.PortState) -> dict[str, Any]:
             plan: dict[str, Any] = {"representor": port.name, "bridge": port.bridge, "ovsdb": db.endpoint}
             vf = vf_of_representor(self.sysfs, port.name)
             if vf is not None:
                 plan.update(self.vf_plan_without_record(vf))
-            found.append(AttachmentRecord(
-                network=network, container_id=ident[0], ifname=ident[1], mode=self.mode,
-                netns=ids.get(EXT_NETNS, ""),
-                pod=PodRef(ids.get(EXT_POD_NS, ""), ids.get(EXT_POD_NAME, ""), ids.get(EXT_POD_UID, "")),
-                plan=plan))
-        return found
+            return plan
+
+        return unrecorded_ports(db, network, self.mode, keep | recorded, plan_of)
 
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
         drift = super().check(record, conf)
