@@ -88,10 +88,7 @@ def _host_ipr() -> Any:
     """This thread's IPRoute socket in the host namespace (opened on first use)."""
     ipr = getattr(_host, "ipr", None)
     if ipr is None:
-        # A netns worker thread has left the host namespace: a socket opened there would
-        # silently act on the pod's namespace.
-        if threading.current_thread().name == NETNS_THREAD:
-            raise RuntimeError("host netlink socket requested from inside a pod namespace thread")
+        _require_host_thread()
         from pyroute2 import IPRoute
 
         ipr = _host.ipr = IPRoute()
@@ -132,9 +129,16 @@ def _state(rt: Any, name: str, with_addresses: bool = False) -> LinkState | None
                      kind=link.kind, addresses=rt.addresses(link.index) if with_addresses else [])
 
 
-def _host_rtnl() -> Any:
+def _require_host_thread() -> None:
+    # A netns worker thread has left the host namespace: a socket opened there would
+    # silently act on the pod's namespace.
     if threading.current_thread().name == NETNS_THREAD:
         raise RuntimeError("host netlink socket requested from inside a pod namespace thread")
+
+
+def _host_rtnl() -> Any:
+    """This thread's plain rtnetlink socket in the host namespace."""
+    _require_host_thread()
     from tenantnet.system import rtnl
 
     return rtnl.host()

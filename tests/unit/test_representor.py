@@ -16,13 +16,18 @@ def test_phys_port_name_forms(name, parsed):
     assert representor_vf_index(name) == parsed
 
 
-def test_representors_found_by_switch_id_and_port_name(tmp_path):
+def switchdev_tree(root):
+    """A ConnectX PF ens1f0 with 3 VFs in switchdev mode, representors ens1f0_0..2."""
     pf = connectx_pf("ens1f0", vfs=3)
     pf.switch_id = "0011223344"
-    write_tree(tmp_path, [pf])
-    write_representors(tmp_path, pf, {0: "ens1f0_0", 1: "ens1f0_1", 2: "ens1f0_2"})
-    sysfs = Sysfs(str(tmp_path))
-    vfs = sysfs.vfs_of_pf(pf.address)
+    write_tree(root, [pf])
+    write_representors(root, pf, {0: "ens1f0_0", 1: "ens1f0_1", 2: "ens1f0_2"})
+    sysfs = Sysfs(str(root))
+    return sysfs, sysfs.vfs_of_pf(pf.address)
+
+
+def test_representors_found_by_switch_id_and_port_name(tmp_path):
+    sysfs, vfs = switchdev_tree(tmp_path)
     assert [find_representor(sysfs, vf) for vf in vfs] == ["ens1f0_0", "ens1f0_1", "ens1f0_2"]
     assert vfs[0].pf_netdev == "ens1f0"  # not a representor, though they share the PF's net/
 
@@ -60,12 +65,7 @@ def test_representor_from_devlink_port_dump():
 def test_vf_of_representor_is_the_reverse_lookup(tmp_path):
     from tenantnet.system.sysfs import vf_of_representor
 
-    pf = connectx_pf("ens1f0", vfs=3)
-    pf.switch_id = "0011223344"
-    write_tree(tmp_path, [pf])
-    write_representors(tmp_path, pf, {0: "ens1f0_0", 1: "ens1f0_1", 2: "ens1f0_2"})
-    sysfs = Sysfs(str(tmp_path))
-    vfs = sysfs.vfs_of_pf(pf.address)
+    sysfs, vfs = switchdev_tree(tmp_path)
     assert [vf_of_representor(sysfs, f"ens1f0_{i}").address for i in range(3)] == [vf.address for vf in vfs]
     assert vf_of_representor(sysfs, "ens1f0") is None  # the PF's uplink is no VF representor
     assert vf_of_representor(sysfs, "nosuchdev") is None
