@@ -36,6 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    PLUGIN,
     exec_plugin,
     machine_line,
     node_configs,
@@ -49,8 +50,6 @@ from bench.common import (  # noqa: E402
 from tenantnet import agent as agentmod  # noqa: E402
 from tenantnet import lab  # noqa: E402
 
-BIN = Path(sys.executable).parent
-PLUGIN = str(BIN / "tenantnet")
 GO_BRIDGE = "/usr/lib/cni/bridge"
 
 
@@ -158,8 +157,7 @@ def burst(info: lab.LabInfo, work: Path, agent_conf: Path, agent_pid: int, sock:
     confs = {r: network(r) for r in range(1, rails + 1)}
     names = [f"tnbb-{uuid.uuid4().hex[:8]}" for _ in range(pods)]
     paths = [netns_add(n) for n in names]
-    base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_PATH": f"{BIN}:/usr/lib/cni",
-            "TENANTNET_CONFIG": str(agent_conf)}
+    base = runtime_env(str(agent_conf))  # CNI_IFNAME and CNI_ARGS are set per call below
     jobs = [(cid, path, r) for path in paths for cid in [uuid.uuid4().hex] for r in range(1, rails + 1)]
 
     def one(command: str, job: tuple[str, str, int]) -> tuple[int, bytes]:

@@ -20,10 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import interleaved, machine_line, runtime_env, summary, table, write_block  # noqa: E402
+from bench.common import PLUGIN, interleaved, machine_line, runtime_env, summary, table, write_block  # noqa: E402
 from tenantnet import lab  # noqa: E402
 
-PLUGIN = str(Path(sys.executable).parent / "tenantnet")
 GO_BRIDGE = "/usr/lib/cni/bridge"
 
 

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
+    PLUGIN,
     interleaved,
     machine_line,
     node_configs,
@@ -34,7 +35,6 @@ from bench.common import (  # noqa: E402
 )
 from tenantnet import lab  # noqa: E402
 
-PLUGIN = str(Path(sys.executable).parent / "tenantnet")
 GO_HOST_DEVICE = "/usr/lib/cni/host-device"
 
 

@@ -7,17 +7,19 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from pathlib import Path
+
+BIN = Path(sys.executable).parent  # this venv's bin: the plugins' shims
+PLUGIN = str(BIN / "tenantnet")
 
 
 def runtime_env(node_config: str | None = None) -> dict[str, str]:
     """What a runtime passes to every call of this venv's plugins (the verb-specific rest is added
     per call): PATH, CNI_PATH with the venv's bin and Debian's Go plugins, pod identity args."""
-    import sys
-
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-           "CNI_PATH": f"{Path(sys.executable).parent}:/usr/lib/cni",
+           "CNI_PATH": f"{BIN}:/usr/lib/cni",
            "CNI_IFNAME": "net1", "CNI_ARGS": "IgnoreUnknown=1;K8S_POD_NAMESPACE=bench;K8S_POD_NAME=p"}
     if node_config:
         env["TENANTNET_CONFIG"] = node_config
@@ -40,7 +42,6 @@ def interleaved(plugins: list[tuple[str, str, dict]] | list[tuple[str, str, dict
     removed outside the timing), rounds interleaved so that machine noise hits all alike.
     A plugin entry is (who, executable, network config[, node config for TENANTNET_CONFIG]).
     Returns "<who>-add" / "<who>-del" → wall times in ms."""
-    import sys
     import uuid
 
     times: dict[str, list[float]] = {f"{p[0]}-{v}": [] for p in plugins for v in ("add", "del")}
@@ -103,14 +104,12 @@ def write_block(out: str | None, name: str, lines: list[str]) -> None:
 
 if __name__ == "__main__":
     # `bench_x.py | python -m bench.common NAME OUT`: put a script's markdown between markers.
-    import sys
 
     write_block(sys.argv[2], sys.argv[1], sys.stdin.read().rstrip("\n").splitlines())
 
 
 def start_agent(node_config: Path, log: Path) -> subprocess.Popen[bytes]:
     """`tenantnetctl agent run` for `node_config` (which names its agentSocket), once it answers."""
-    import sys
 
     from tenantnet import agent as agentmod
     from tenantnet import shim
