@@ -17,7 +17,7 @@ from cni.errors import CniError, Code
 from cni.names import check_env_name, container_id_problem, ifname_problem
 
 VERBS = ("ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION")
-_MAC_RE = re.compile(r"^[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}$")
+_MAC_RE = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2}){5}")  # fullmatch: "$" would allow "\n"
 _KNOWN_ARGS = {
     "IgnoreUnknown",
     "K8S_POD_NAMESPACE",
@@ -31,7 +31,7 @@ _TRUE = {"1", "true", "True", "TRUE"}
 
 
 def mac_problem(value: str) -> str | None:
-    if not _MAC_RE.match(value):
+    if not _MAC_RE.fullmatch(value):
         return "must be a MAC address like 02:00:00:00:00:01"
     if int(value[:2], 16) & 1:
         return "must be a unicast MAC (the lowest bit of the first octet must be 0)"

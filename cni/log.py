@@ -20,6 +20,33 @@ def level_number(name: str) -> int:
     return _LEVELS[name.lower()]
 
 
+_default_target: tuple[str, str] | None = None
+
+
+def set_default_target(log_file: str, level: str = "info") -> None:
+    """Where `get` sends lines if nothing called `setup` yet: the entry point names the node
+    config's log before anything can fail, so that even an early error (undecodable stdin)
+    is logged where the admin looks, not in the built-in default path."""
+    global _default_target
+    _default_target = (log_file, level)
+
+
+def _one_line(_logger: Any, _name: str, event: dict[str, Any]) -> str:
+    """stderr gets one readable line per warning or error; tracebacks stay in the log file."""
+    detail = next((str(event[k]) for k in ("error", "reason", "problem", "msg") if event.get(k)), "")
+    text = str(event.get("event", ""))
+    return f"tenantnet: {event.get('level', 'warning')}: {text}" + (f": {detail}" if detail else "")
+
+
+def open_log_stream(log_file: str) -> Any:
+    """The log file opened for appending, mode 0640, never through a symlink, never a FIFO or
+    a device; its directory is created 0700 if missing."""
+    from cni.hostfiles import ensure_private_dir, open_for_append
+
+    ensure_private_dir(os.path.dirname(log_file) or ".")
+    return os.fdopen(open_for_append(log_file, 0o640), "a", encoding="utf-8")
+
+
 def setup(log_file: str = DEFAULT_LOG_FILE, level: str = "info", *, stderr: bool = True) -> None:
     """Route structlog and the stdlib `logging` (ovsdbapp's) to `log_file` as JSON lines."""
     global _configured
@@ -28,14 +55,14 @@ def setup(log_file: str = DEFAULT_LOG_FILE, level: str = "info", *, stderr: bool
     threshold = level_number(level)
     handlers: list[logging.Handler] = []
     try:
-        os.makedirs(os.path.dirname(log_file) or ".", exist_ok=True)
-        handlers.append(logging.FileHandler(log_file))
+        handlers.append(logging.StreamHandler(open_log_stream(log_file)))
     except OSError as exc:
         # A read-only /var/log must not break attachments; say it once on stderr.
-        sys.stderr.write(f"tenantnet: cannot open log file {log_file}: {exc}\n")
+        sys.stderr.write(f"tenantnet: cannot open log file {log_file}: {exc.strerror or exc}\n")
     if stderr:
         err = logging.StreamHandler(sys.stderr)
         err.setLevel(logging.WARNING)
+        err.setFormatter(stderr_formatter())
         handlers.append(err)
     root = logging.getLogger()
     for h in list(root.handlers):
@@ -49,7 +76,8 @@ def setup(log_file: str = DEFAULT_LOG_FILE, level: str = "info", *, stderr: bool
         ],
     )
     for h in handlers:
-        h.setFormatter(formatter)
+        if h.formatter is None:
+            h.setFormatter(formatter)
         root.addHandler(h)
     root.setLevel(threshold)
     structlog.configure(
@@ -67,9 +95,20 @@ def setup(log_file: str = DEFAULT_LOG_FILE, level: str = "info", *, stderr: bool
     _configured = True
 
 
+def stderr_formatter() -> logging.Formatter:
+    """The formatter of stderr lines (also used by the agent for what it relays)."""
+    import structlog
+
+    return structlog.stdlib.ProcessorFormatter(
+        processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, _one_line],
+        foreign_pre_chain=[structlog.stdlib.add_log_level],
+    )
+
+
 def get(name: str = "tenantnet") -> Any:
     import structlog
 
     if not _configured:
-        setup(os.environ.get("TENANTNET_LOG_FILE", DEFAULT_LOG_FILE))
+        file, level = _default_target or (os.environ.get("TENANTNET_LOG_FILE", DEFAULT_LOG_FILE), "info")
+        setup(file, level)
     return structlog.get_logger(name)

@@ -13,7 +13,7 @@ from cni.errors import CniError, Code
 
 # libcni accepts container ids and network names of this shape; we add a length bound
 # so that every derived file name stays well under NAME_MAX (255).
-_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]*")  # used with fullmatch: "$" allows a final "\n"
 MAX_ID_LEN = 200
 IFNAMSIZ = 15  # the kernel's limit, without the trailing NUL
 
@@ -27,7 +27,7 @@ def container_id_problem(value: str) -> str | None:
         return "must not be empty"
     if len(value) > MAX_ID_LEN:
         return f"is {len(value)} characters long; at most {MAX_ID_LEN} allowed"
-    if not _ID_RE.match(value):
+    if not _ID_RE.fullmatch(value):
         return "may contain only letters, digits, '_', '.', '-' and must start with a letter or digit"
     return None
 
@@ -39,8 +39,9 @@ def network_name_problem(value: str) -> str | None:
 def ifname_problem(value: str) -> str | None:
     if not value:
         return "must not be empty"
-    if len(value) > IFNAMSIZ:
-        return f"is {len(value)} characters long; the kernel allows at most {IFNAMSIZ}"
+    size = len(value.encode("utf-8", "surrogateescape"))
+    if size > IFNAMSIZ:
+        return f"is {size} bytes long; the kernel allows at most {IFNAMSIZ}"
     if value in (".", ".."):
         return "must not be '.' or '..'"
     for ch in value:

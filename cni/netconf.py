@@ -8,6 +8,7 @@ read by the plugin from `NetConf.raw`; unknown keys are ignored as the spec dema
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,10 +47,39 @@ class NetConf:
         return ci_get(self.runtime_config, key, default)
 
 
+MAX_STDIN_BYTES = 1 << 20
+MAX_NESTING = 64
+_OPENERS = frozenset(b"[{")
+_CLOSERS = frozenset(b"]}")
+_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+
+
+def nesting_depth(data: bytes) -> int:
+    """How deeply arrays and objects nest in the JSON text `data` (strings skipped), without
+    recursion: the stdlib decoder would recurse once per level and a hostile config of
+    100,000 brackets would end in RecursionError instead of a decode error."""
+    depth = deepest = 0
+    for ch in _STRING.sub(b"", data):
+        if ch in _OPENERS:
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif ch in _CLOSERS:
+            depth -= 1
+    return deepest
+
+
 def decode_json(data: bytes | str) -> dict[str, Any]:
-    """stdin as a JSON object, or code 6."""
+    """stdin as a JSON object (bounded in size and nesting), or code 6."""
+    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
+    if len(raw) > MAX_STDIN_BYTES:
+        raise CniError(Code.DECODE_FAILURE, f"network config on stdin is {len(raw)} bytes; at most "
+                                            f"{MAX_STDIN_BYTES} allowed")
+    if raw.count(b"[") + raw.count(b"{") > MAX_NESTING and nesting_depth(raw) > MAX_NESTING:
+        raise CniError(Code.DECODE_FAILURE, f"network config on stdin nests arrays/objects more than "
+                                            f"{MAX_NESTING} levels deep")
     try:
-        obj = json.loads(data)
+        obj = json.loads(raw)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CniError(Code.DECODE_FAILURE, f"cannot decode network config from stdin: {exc}") from None
     if not isinstance(obj, dict):

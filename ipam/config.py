@@ -26,6 +26,18 @@ from cni.result import DNS, IPAddress, IPNetwork, Route
 DEFAULT_DATA_DIR = "/var/lib/tenantnet/ipam"
 
 
+class Confinement(NamedTuple):
+    """Where a config's `dataDir` and `resolvConf` may point (the node config's
+    `ipamDataDirs` and `resolvConfPaths`, docs/security.md): the config is tenant input, and
+    the store is written, the resolv.conf read, as root."""
+
+    data_dirs: tuple[str, ...] = (DEFAULT_DATA_DIR, "/var/lib/cni/networks")
+    resolv_conf_paths: tuple[str, ...] = ("/etc/resolv.conf", "/etc/tenantnet/resolv.d")
+
+
+DEFAULT_CONFINEMENT = Confinement()
+
+
 class Range(NamedTuple):
     """One contiguous range inside a subnet, minus the addresses it must never hand out."""
 

@@ -17,35 +17,48 @@ if TYPE_CHECKING:
     from cni.env import CniEnv
 
 
-def handle(env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
+def confinement(node_config: str | None = None) -> Any:
+    """The node config's limits on dataDir and resolvConf (the executable runs as root on
+    tenant input just as the main plugin does)."""
+    from ipam.config import Confinement
+    from tenantnet import config
+
+    node = config.load(node_config)
+    if node.source == "(defaults)":
+        return None  # no node config: ipam.config's built-in defaults (the same directories)
+    return Confinement(node.ipam_data_dirs, node.resolv_conf_paths)
+
+
+def handle(env: CniEnv, raw: dict[str, Any], limits: Any = None) -> dict[str, Any] | None:
     from cni.netconf import parse_netconf, valid_attachments
     from ipam import plugin
 
     conf = parse_netconf(raw)
+    limits = limits or confinement()
     if env.command == "ADD":
-        return plugin.add(env, conf).to_dict(conf.cni_version, ipam=True)
+        return plugin.add(env, conf, limits).to_dict(conf.cni_version, ipam=True)
     if env.command == "DEL":
-        plugin.delete(env, conf)
+        plugin.delete(env, conf, limits)
     elif env.command == "CHECK":
-        plugin.check(env, conf)
+        plugin.check(env, conf, limits)
     elif env.command == "GC":
-        plugin.gc(conf, valid_attachments(raw))
+        plugin.gc(conf, valid_attachments(raw), limits)
     elif env.command == "STATUS":
-        plugin.status(conf)
+        plugin.status(conf, limits)
     return None
 
 
-def _log_unexpected(exc: BaseException) -> None:
+def log_unexpected(exc: BaseException) -> None:
     from cni import log
 
-    log.get("tenantnet-ipam").error("unexpected error", exc_info=exc)
+    log.get("tenantnet-ipam").error("internal_error", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
 
 
 def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
     """One CNI call in this process; (exit code, stdout text without the final newline)."""
     from cni import skel
 
-    return skel.run(handle, environ, stdin, on_unexpected=_log_unexpected)
+    return skel.run(handle, environ, stdin, on_unexpected=log_unexpected)
 
 
 def main() -> None:

@@ -19,10 +19,11 @@ import threading
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
+from cni.hostfiles import confined
 from cni.netconf import NetConf
 from cni.result import DNS, IPConfig, Result
 from ipam import allocator
-from ipam.config import IpamConfig, data_dir_of, parse_ipam, static_requests
+from ipam.config import Confinement, IpamConfig, data_dir_of, parse_ipam, static_requests
 from ipam.sqlite_store import DB_NAME, SqliteStore
 from ipam.store import Allocation, Store, release_owner
 from ipam.store import gc as store_gc
@@ -57,12 +58,24 @@ def _requested(env: CniEnv, conf: NetConf) -> list[ipaddress.IPv4Address | ipadd
     ]))
 
 
-def _dns(cfg: IpamConfig) -> DNS:
+def _limits(limits: Confinement | None) -> Confinement:
+    from ipam import config
+
+    return limits or config.DEFAULT_CONFINEMENT
+
+
+def _data_dir(ipam: object, limits: Confinement | None) -> str:
+    """The config's dataDir, inside the directories the node allows (code 7 otherwise)."""
+    value = data_dir_of(ipam if isinstance(ipam, dict) else {})
+    return confined("ipam.dataDir", value, _limits(limits).data_dirs, "a directory")
+
+
+def _dns(cfg: IpamConfig, limits: Confinement | None) -> DNS:
     dns = DNS()
     if cfg.resolv_conf:
         from ipam.resolv import parse_resolv_conf
 
-        dns = parse_resolv_conf(cfg.resolv_conf)
+        dns = parse_resolv_conf(cfg.resolv_conf, _limits(limits).resolv_conf_paths)
     # A literal `dns` object wins, field by field, over what resolvConf said.
     return DNS(
         nameservers=list(cfg.dns.nameservers or dns.nameservers),
@@ -83,11 +96,12 @@ def _owner(env: CniEnv, conf: NetConf) -> allocator.Owner:
     )
 
 
-def add(env: CniEnv, conf: NetConf) -> Result:
+def add(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> Result:
     cfg = parse_ipam(conf.ipam)
     requested = _requested(env, conf)
-    dns = _dns(cfg)  # read resolvConf before recording anything: its errors are config errors
-    store = open_store(cfg.data_dir)
+    data_dir = _data_dir(conf.ipam, limits)
+    dns = _dns(cfg, limits)  # read resolvConf before recording anything: its errors are config errors
+    store = open_store(data_dir)
     assert store is not None
     with store.transaction() as txn:
         grants = allocator.allocate(txn, cfg, _owner(env, conf), requested)
@@ -101,19 +115,18 @@ def add(env: CniEnv, conf: NetConf) -> Result:
     return Result(ips=ips, routes=list(cfg.routes), dns=dns)
 
 
-def delete(env: CniEnv, conf: NetConf) -> None:
+def delete(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> None:
     # Only dataDir is needed to release: a DEL must work even if the ranges were since
     # edited into something invalid, and must not create a store that never existed.
-    store = open_store(data_dir_of(conf.ipam if isinstance(conf.ipam, dict) else {}),
-                       create=False)
+    store = open_store(_data_dir(conf.ipam, limits), create=False)
     if store is not None:
         release_owner(store, conf.name, env.container_id, env.ifname)
 
 
-def check(env: CniEnv, conf: NetConf) -> None:
+def check(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> None:
     cfg = parse_ipam(conf.ipam)
     where = f"network {conf.name!r} container {env.container_id} interface {env.ifname}"
-    store = open_store(cfg.data_dir, create=False)
+    store = open_store(_data_dir(conf.ipam, limits), create=False)
     held: list[Allocation] = []
     if store is not None:
         with store.snapshot() as txn:
@@ -155,17 +168,16 @@ def check(env: CniEnv, conf: NetConf) -> None:
                 )
 
 
-def gc(conf: NetConf, keep: set[tuple[str, str]]) -> None:
-    store = open_store(data_dir_of(conf.ipam if isinstance(conf.ipam, dict) else {}),
-                       create=False)
+def gc(conf: NetConf, keep: set[tuple[str, str]], limits: Confinement | None = None) -> None:
+    store = open_store(_data_dir(conf.ipam, limits), create=False)
     if store is not None:
         store_gc(store, conf.name, keep)
 
 
-def status(conf: NetConf) -> None:
+def status(conf: NetConf, limits: Confinement | None = None) -> None:
     cfg = parse_ipam(conf.ipam)
     try:
-        store = open_store(cfg.data_dir)
+        store = open_store(_data_dir(conf.ipam, limits))
         assert store is not None
         with store.snapshot() as txn:
             for idx, rs in enumerate(cfg.range_sets):

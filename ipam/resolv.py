@@ -2,21 +2,17 @@
 
 from __future__ import annotations
 
-from cni.errors import CniError, Code
+from collections.abc import Iterable
+
+from cni.hostfiles import read_confined
 from cni.result import DNS
 
 
-def parse_resolv_conf(path: str) -> DNS:
-    """nameserver, domain, search and options lines; comments and unknown lines ignored."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            text = fh.read()
-    except OSError as exc:
-        raise CniError(
-            Code.INVALID_CONFIG,
-            f"invalid network config: ipam.resolvConf={path!r}: cannot be read: "
-            f"{exc.strerror or exc}",
-        ) from None
+def parse_resolv_conf(path: str, allowed: Iterable[str]) -> DNS:
+    """nameserver, domain, search and options lines; comments and unknown lines ignored.
+    Only a regular file inside `allowed`, at most 64 KiB (cni.hostfiles)."""
+    data = read_confined("ipam.resolvConf", path, allowed, "a file") or b""
+    text = data.decode("utf-8", "replace")
     dns = DNS()
     for line in text.splitlines():
         words = line.split("#", 1)[0].split(";", 1)[0].split()

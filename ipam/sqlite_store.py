@@ -328,10 +328,12 @@ class SqliteStore(Store):
         self._lock = threading.RLock()
         try:
             if create:
-                os.makedirs(data_dir, mode=0o700, exist_ok=True)
+                from cni.hostfiles import ensure_private_dir
+
+                ensure_private_dir(data_dir)
                 # Create the file ourselves so it is 0600 whatever the umask (it names pods);
                 # SQLite gives the -wal and -shm files the same mode.
-                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT, 0o600))
+                os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
             elif not os.path.exists(self.path):
                 raise CniError(Code.IO_FAILURE, f"no IPAM store at {self.path}")
             self._db = sqlite3.connect(

@@ -30,9 +30,8 @@ import struct
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +42,10 @@ STATUS_OP = "-status"
 DEFAULT_MAX_INFLIGHT = 64
 DEFAULT_WORKERS = 8
 READ_TIMEOUT = 5.0  # a client that connects but does not send its request within this is dropped
+# A request is env + stdin; stdin is bounded at 1 MiB (cni.netconf), so this bounds the
+# memory 64 requests in flight can hold.
+MAX_REQUEST_FRAME = 4 << 20
+DEFAULT_WEDGED_AFTER = 120.0
 REJECT_READ_TIMEOUT = 0.2  # reading an over-limit request, only to answer in its cniVersion
 
 
@@ -130,6 +133,7 @@ class Agent:
         self._stop = threading.Event()
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tenantnet-worker")
         self._capture = _StderrCapture()
+        self._running: dict[int, float] = {}  # request id -> when its worker started it
         self._listener: socket.socket | None = None
         self._lock_fd = -1
         self._inode = 0
@@ -141,8 +145,7 @@ class Agent:
 
         log.setup(log_file, log_level)
         root = logging.getLogger()
-        if root.handlers:
-            self._capture.setFormatter(root.handlers[0].formatter)
+        self._capture.setFormatter(log.stderr_formatter())
         root.addHandler(self._capture)
         self.log = log.get("tenantnet.agent")
         prepare_socket_dir(self.socket_path)
@@ -283,7 +286,8 @@ class Agent:
         try:
             try:
                 conn.settimeout(READ_TIMEOUT)
-                plugin, environ, stdin, deadline = shim.decode_request(shim.recv_frame(conn))
+                frame = shim.recv_frame(conn, MAX_REQUEST_FRAME)
+                plugin, environ, stdin, deadline = shim.decode_request(frame)
             except Exception as exc:
                 with self._lock:
                     self.stats.protocol_errors += 1
@@ -297,48 +301,75 @@ class Agent:
                 self._reply(conn, 1, shim.error_json(stdin, 100,
                                                      f"tenantnet agent: unknown plugin {plugin!r}"))
                 return
+            if environ.get(b"CNI_COMMAND") == b"VERSION":
+                # Needs no worker: answered even when every worker is busy.
+                from cni import skel
+
+                code, text = skel.run(lambda *_: None, {"CNI_COMMAND": "VERSION"}, b"")
+                with self._lock:
+                    self.stats.served += 1
+                self._reply(conn, code, text.encode() + b"\n")
+                return
             cid, ifname = environ.get(b"CNI_CONTAINERID", b""), environ.get(b"CNI_IFNAME", b"")
             # The shim's deadline, on the host-wide monotonic clock; bounded in case of garbage.
             deadline = min(deadline, arrived + 3600)
-            with self._serialised((plugin.encode(), cid, ifname) if cid and ifname else None,
-                                  deadline) as ok:
-                if not ok:
-                    self._reply(conn, 1, shim.error_json(
-                        stdin, shim.TRY_AGAIN_LATER,
-                        "tenantnet agent: an earlier request for this attachment is still running; "
-                        "try again later"))
-                    return
-                code, out, err = self._pool.submit(self._execute, plugin, environ, stdin, arrived,
-                                                   deadline).result()
+            release = self._serialise((plugin.encode(), cid, ifname) if cid and ifname else None, deadline)
+            if release is None:
+                self._reply(conn, 1, shim.error_json(
+                    stdin, shim.TRY_AGAIN_LATER,
+                    "tenantnet agent: an earlier request for this attachment is still running; "
+                    "try again later"))
+                return
+            try:
+                work = self._pool.submit(self._execute, plugin, environ, stdin, arrived, deadline)
+            except BaseException:
+                release()
+                raise
+            # The key stays taken until the work itself ends, even if its caller is answered
+            # first (deadline): a retry must never run beside the attempt still in a worker.
+            work.add_done_callback(lambda _: release())
+            try:
+                code, out, err = work.result(timeout=max(deadline - time.monotonic(), 0.001))
+            except futures.TimeoutError:
+                with self._lock:
+                    self.stats.expired += 1
+                code, out, err = 1, shim.error_json(stdin, shim.TRY_AGAIN_LATER,
+                                                    "tenantnet agent: the request did not finish before "
+                                                    "its deadline; try again later"), b""
             self._reply(conn, code, out, err)
         finally:
             with self._lock:
                 self.stats.inflight -= 1
 
-    @contextmanager
-    def _serialised(self, key: tuple[bytes, ...] | None, deadline: float) -> Iterator[bool]:
-        """Requests for one (plugin, container id, ifname) run one after another.
+    def _serialise(self, key: tuple[bytes, ...] | None, deadline: float) -> Any:
+        """Take the turn of one (plugin, container id, ifname): a function that gives it
+        back, or None if an earlier request still holds it at `deadline`.
 
         The runtime normally never overlaps them, but a retry after a shim time-out can
         arrive while the first attempt still runs; serialising turns that into "the retry
-        sees the finished record" instead of two ADDs racing on one veth name.
+        sees the finished record" instead of two ADDs racing on one veth name. (The plugin
+        also locks the attachment on disk, across processes; this keeps the wait out of the
+        worker pool.)
         """
         if key is None:
-            yield True
-            return
+            return lambda: None
         with self._keys_lock:
             entry = self._keys.setdefault(key, [threading.Lock(), 0])
             entry[1] += 1
         got = entry[0].acquire(timeout=max(deadline - time.monotonic(), 0))
-        try:
-            yield got
-        finally:
+
+        def release() -> None:
             if got:
                 entry[0].release()
             with self._keys_lock:
                 entry[1] -= 1
                 if entry[1] == 0:
                     del self._keys[key]
+
+        if not got:
+            release()
+            return None
+        return release
 
     def _node(self, path: str) -> Any:
         """The node config at `path`, re-read whenever the file changes (as each exec would)."""
@@ -374,28 +405,43 @@ class Agent:
                                                                    "in the queue; try again later"), b""
         environ = {os.fsdecode(k): os.fsdecode(v) for k, v in environ_b.items()}
         rid = next(self._ids)
+        with self._lock:
+            self._running[rid] = started
         structlog.contextvars.bind_contextvars(
             request=rid, plugin=plugin, command=environ.get("CNI_COMMAND", ""),
             container_id=environ.get("CNI_CONTAINERID", ""), ifname=environ.get("CNI_IFNAME", ""))
         self._capture.start()
+        node_path = environ.get("TENANTNET_CONFIG") or config.DEFAULT_PATH
         try:
             if plugin == "tenantnet":
                 from tenantnet import main as entry
+                from tenantnet import settings
                 from tenantnet.core import Plugin
 
                 def handler(env: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
                     # As `tenantnet.main.handle`, minus the per-call logging set-up: the
                     # agent's log is configured once, and each line carries the request id.
-                    node = self._node(environ.get("TENANTNET_CONFIG") or config.DEFAULT_PATH)
+                    node = self._node(node_path)
+                    if env.command != "DEL":
+                        settings.log_settings(raw, node)  # the same refusals as in-process
                     return entry.dispatch(Plugin(node), env, raw)
 
-                code, text = skel.run(handler, environ, stdin, entry._log_unexpected)
+                refused = entry.refuse_delegated(environ, stdin)
+                code, text = refused or skel.run(handler, environ, stdin, entry.log_unexpected)
             else:
                 from ipam import main as ipam_entry
+                from ipam.config import Confinement
 
-                code, text = skel.run(ipam_entry.handle, environ, stdin, ipam_entry._log_unexpected)
+                def ipam_handler(env: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
+                    node = self._node(node_path)
+                    limits = Confinement(node.ipam_data_dirs, node.resolv_conf_paths)
+                    return ipam_entry.handle(env, raw, limits)
+
+                code, text = skel.run(ipam_handler, environ, stdin, ipam_entry.log_unexpected)
         finally:
             err = self._capture.stop()
+            with self._lock:
+                self._running.pop(rid, None)
         with self._lock:
             self.stats.served += 1
         self.log.info("request.done", code=code, ms=round((time.monotonic() - started) * 1000, 2),
@@ -408,7 +454,10 @@ class Agent:
         rss, peak = _rss_kb()
         with self._lock:
             s = self.stats
-            return {"pid": os.getpid(), "socket": self.socket_path, "nodeConfig": self.node_config,
+            now = time.monotonic()
+            oldest = max((now - t for t in self._running.values()), default=0.0)
+            return {"busyWorkers": len(self._running), "oldestRunningS": round(oldest, 3),
+                    "pid": os.getpid(), "socket": self.socket_path, "nodeConfig": self.node_config,
                     "uptimeS": round(time.time() - s.started, 1), "inflight": s.inflight - 1,
                     "peakInflight": s.peak_inflight, "maxInflight": self.max_inflight,
                     "workers": self.workers, "served": s.served, "rejected": s.rejected,
@@ -482,14 +531,20 @@ def cmd_status(args: argparse.Namespace) -> int:
         else:
             print(f"tenantnet agent: not running ({exc}); plugin calls run in-process", file=sys.stderr)
         return 3
+    wedged = report.get("oldestRunningS", 0) > args.wedged_after
     if args.json:
-        print(json.dumps({"running": True, **report}, indent=2))
+        print(json.dumps({"running": True, **report, "wedged": wedged}, indent=2))
     else:
         print(f"tenantnet agent: running, pid {report['pid']}, socket {report['socket']}, "
               f"up {report['uptimeS']} s")
         print(f"  served {report['served']}, rejected {report['rejected']} (limit {report['maxInflight']} "
               f"in flight, {report['workers']} workers), expired {report['expired']}")
         print(f"  RSS {report['rssKb'] / 1024:.1f} MB (peak {report['peakRssKb'] / 1024:.1f} MB)")
+    if wedged:
+        print(f"tenantnet agent: wedged: a worker has been busy on one request for "
+              f"{report['oldestRunningS']:.1f} s (more than --wedged-after {args.wedged_after:g} s)",
+              file=sys.stderr)
+        return 4
     return 0
 
 
@@ -508,6 +563,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
     st.add_argument("--socket", help="unix socket path (default: the node config's agentSocket)")
     st.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
     st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--wedged-after", type=float, default=DEFAULT_WEDGED_AFTER, metavar="S",
+                    help="fail (exit 4) when a worker has been busy on one request for longer than "
+                         f"this many seconds, so a liveness probe restarts the agent (default "
+                         f"{DEFAULT_WEDGED_AFTER:g})")
     st.set_defaults(func=cmd_status)
     return p
 

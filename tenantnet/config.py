@@ -12,12 +12,19 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cni.errors import CniError, Code
+from cni.hostfiles import plain_path_problem
 from cni.log import DEFAULT_LOG_FILE, level_number
 
 DEFAULT_PATH = "/etc/tenantnet/tenantnet.yaml"
 DEFAULT_OVSDB = "unix:/var/run/openvswitch/db.sock"
 DEFAULT_STATE_DIR = "/var/lib/tenantnet"
 DEFAULT_AGENT_SOCKET = "/run/tenantnet/agent.sock"
+# Where Multus puts device-info files (its CNIDeviceInfoFile paths are below it).
+DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
+# What a NAD may name (docs/security.md): each path must be one of these or below one.
+DEFAULT_OVS_CONFIGURATION_PATHS = ("/etc/kubernetes/cni/net.d/ovs.d",)
+DEFAULT_RESOLV_CONF_PATHS = ("/etc/resolv.conf", "/etc/tenantnet/resolv.d")
+DEFAULT_IPAM_DATA_DIRS = ("/var/lib/tenantnet/ipam", "/var/lib/cni/networks")
 PRECONDITIONS = {"eswitchSwitchdev": "warn", "hwTcOffload": "warn", "ovsHwOffload": "warn"}
 
 
@@ -41,7 +48,22 @@ class NodeConfig:
     agent_socket: str = DEFAULT_AGENT_SOCKET
     # Mode ovs-offload preconditions: "warn" (default) or "refuse", per precondition.
     offload_preconditions: dict[str, str] = field(default_factory=lambda: dict(PRECONDITIONS))
+    # Tenant-named host paths are honoured only inside these (docs/security.md).
+    device_info_dir: str = DEFAULT_DEVICE_INFO_DIR
+    ovs_configuration_paths: tuple[str, ...] = DEFAULT_OVS_CONFIGURATION_PATHS
+    resolv_conf_paths: tuple[str, ...] = DEFAULT_RESOLV_CONF_PATHS
+    ipam_data_dirs: tuple[str, ...] = DEFAULT_IPAM_DATA_DIRS
+    # OVSDB endpoints a NAD's socket_file may name, besides `ovsdb`.
+    ovsdb_endpoints: tuple[str, ...] = ()
     source: str = "(defaults)"
+
+    @property
+    def log_dir(self) -> str:
+        """The directory of the node's log: a NAD's `logFile` must be directly in it."""
+        return os.path.dirname(self.log_file)
+
+    def allowed_ovsdb(self) -> tuple[str, ...]:
+        return (self.ovsdb, *self.ovsdb_endpoints)
 
 
 # YAML key -> (dataclass field, type check, description of what is allowed)
@@ -59,10 +81,21 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "agentSocket": ("agent_socket", str, "an absolute path of the agent's unix socket"),
     "offloadPreconditions": ("offload_preconditions", dict,
                              "a mapping of eswitchSwitchdev, hwTcOffload, ovsHwOffload to warn or refuse"),
+    "deviceInfoDir": ("device_info_dir", str, "an absolute directory path (Multus's devinfo directory)"),
+    "ovsConfigurationPaths": ("ovs_configuration_paths", list,
+                              "a list of absolute paths a NAD's configuration_path may name or be below"),
+    "resolvConfPaths": ("resolv_conf_paths", list,
+                        "a list of absolute paths a NAD's ipam.resolvConf may name or be below"),
+    "ipamDataDirs": ("ipam_data_dirs", list,
+                     "a list of absolute directories a NAD's ipam.dataDir may name or be below"),
+    "ovsdbEndpoints": ("ovsdb_endpoints", list,
+                       "a list of OVSDB endpoints (unix:/path, tcp:host:port) a NAD's socket_file may name"),
 }
 
+_PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
 
-_PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket")
+
+_PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir")
 
 
 def normalise_ovsdb_endpoint(value: str) -> str | None:
@@ -131,8 +164,17 @@ def load(path: str | None = None) -> NodeConfig:
                 raise _bad(path, key, data[key], allowed)
         elif key == "vfControl" and not (value == "netlink" or value.startswith("lab:/")):
             raise _bad(path, key, value, allowed)
-        elif key in _PATH_KEYS and not value.startswith("/"):
+        elif key in _PATH_KEYS and plain_path_problem(value):
             raise _bad(path, key, value, allowed)
+        elif key in _PATH_LIST_KEYS:
+            if any(plain_path_problem(v) for v in value):
+                raise _bad(path, key, value, allowed)
+            value = tuple(value)
+        elif key == "ovsdbEndpoints":
+            endpoints = [normalise_ovsdb_endpoint(v) if isinstance(v, str) else None for v in value]
+            if None in endpoints:
+                raise _bad(path, key, value, allowed)
+            value = tuple(e for e in endpoints if e)
         elif key == "offloadPreconditions":
             known = set(value) <= set(PRECONDITIONS)
             if not known or not all(v in ("warn", "refuse") for v in value.values()):

@@ -25,7 +25,7 @@ from cni.errors import CniError, Code
 from cni.log import get as get_log
 from cni.netconf import NetConf, parse_netconf, valid_attachments
 from cni.result import DNS, Interface, IPConfig, Result, Route
-from tenantnet import config, devinfo, ipam_client, tenancy
+from tenantnet import config, devinfo, ipam_client, settings
 from tenantnet import netconf as tnconf
 from tenantnet.config import NodeConfig
 from tenantnet.drivers import base as drivers
@@ -37,11 +37,13 @@ from tenantnet.records import (
     RecordStore,
 )
 from tenantnet.system import netlink, ovsdb
-from tenantnet.system.netns import NamespaceNotFound, netns_exists
+from tenantnet.system.netns import NamespaceNotFound, pod_netns_problem
 
 RECORD_VERSION = "1.1.0"  # results are kept in the newest shape and converted on output
 FAULT_ENV = "TENANTNET_TEST_FAULT"
 STEP_IPAM = "ipam"
+STEP_DEVINFO = "devinfo"
+RESERVE_BYTES = 1 << 20  # given up on a full state filesystem so that a rollback can write
 # IPAM errors that say "this config is not acceptable" rather than "try again".
 _IPAM_REFUSED_CONFIG = {Code.INCOMPATIBLE_VERSION, Code.UNSUPPORTED_FIELD, Code.DECODE_FAILURE,
                         Code.INVALID_CONFIG}
@@ -78,13 +80,25 @@ class Plugin:
 
     # ---- ADD --------------------------------------------------------------------------
     def add(self, env: CniEnv, conf: NetConf) -> dict[str, Any]:
-        tconf = tnconf.parse(conf, env, self.node)
-        tconf = tenancy.enforce(tenancy.load(self.node), tconf, env, self.log)
+        tconf = settings.settle(conf, env, self.node, self.log)
         driver = drivers.for_mode(tconf.mode, self.node)
-        if not netns_exists(env.netns):
-            raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: no such network namespace")
+        problem = pod_netns_problem(env.netns)
+        if problem:
+            raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: {problem}")
+        with self._locked(env):
+            return self._add(env, conf, tconf, driver)
+
+    def _locked(self, env: CniEnv) -> Any:
+        try:
+            return self.records.lock(env.container_id, env.ifname)
+        except OSError as exc:
+            raise CniError(Code.IO_FAILURE, f"cannot take the attachment lock under "
+                                            f"{self.records.state_dir}: {exc.strerror or exc}") from None
+
+    def _add(self, env: CniEnv, conf: NetConf, tconf: tnconf.TenantnetConf,
+             driver: drivers.Driver) -> dict[str, Any]:
         key = (conf.name, env.container_id, env.ifname)
-        existing = self._load(*key)
+        existing = self._load(*key, env=env, conf=conf)
         if existing is not None:
             if existing.phase == PHASE_READY and existing.netns == env.netns and existing.result \
                     and self._pod_link_present(existing):
@@ -115,7 +129,10 @@ class Plugin:
                 conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
             )
             record.plan["cniArgs"] = ipam_client.call_for(env).cni_args
+            if tconf.device_info_file:
+                record.plan["deviceInfoFile"] = tconf.device_info_file  # DEL removes it
             try:
+                self._keep_reserve()
                 self.records.save(record)  # intent first: from here on a crash is recoverable
             except OSError as exc:
                 raise CniError(Code.IO_FAILURE, f"cannot write the attachment record under "
@@ -128,12 +145,12 @@ class Plugin:
             attached = driver.attach(record, tconf)
             pending = attached.pending
             _fault("after-attach")
-            devinfo_path = conf.runtime("CNIDeviceInfoFile")
-            if devinfo_path and attached.device_info:
-                devinfo.write(devinfo_path, attached.device_info)
+            if tconf.device_info_file and attached.device_info:
+                record.mark(STEP_DEVINFO)
+                devinfo.write(tconf.device_info_file, attached.device_info, self.node.device_info_dir)
             ipam_result = Result()
             if tconf.ipam_type:
-                got = ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "ADD"), conf.raw)
+                got = ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "ADD"), conf.raw, self.node)
                 # A failed IPAM ADD allocated nothing (the spec makes the plugin clean up).
                 record.mark(STEP_IPAM)
                 ipam_result = got or Result()
@@ -158,8 +175,9 @@ class Plugin:
                 futures.wait([pending])  # the rollback must not race the driver's background step
             err = system_error(exc, f"ADD {env.container_id}/{env.ifname} on network {conf.name}")
             self.log.warning("add.failed", network=conf.name, container_id=env.container_id,
-                             ifname=env.ifname, code=err.code, error=err.msg,
-                             exc_info=not isinstance(exc, CniError))
+                             ifname=env.ifname, code=err.code, error=err.msg)
+            if not isinstance(exc, CniError):
+                self.log.debug("add.failed.traceback", exc_info=exc)
             self._rollback(record, env, driver)
             raise err from None
         self.log.info("add.done", network=conf.name, container_id=env.container_id,
@@ -174,15 +192,59 @@ class Plugin:
             return False
 
     def _rollback(self, record: AttachmentRecord, env: CniEnv, driver: drivers.Driver) -> None:
+        for attempt in (1, 2):
+            try:
+                self._teardown(record, env, driver)
+                return
+            except BaseException as exc:  # keep the record: DEL or GC will finish the job
+                if attempt == 1 and _out_of_space(exc) and self._give_up_reserve():
+                    continue  # the IPAM release needs room to write: give it the reserve
+                self.log.error("add.rollback_failed", network=record.network,
+                               container_id=record.container_id, ifname=record.ifname, error=str(exc))
+                return
+
+    def _reserve_path(self) -> str:
+        return os.path.join(self.node.state_dir, "reserve")
+
+    def _keep_reserve(self) -> None:
+        """A preallocated file on the state filesystem, so that a full disk can still undo an
+        ADD (SQLite needs room to record a release). Made once; remade after it was used."""
+        path = self._reserve_path()
+        if os.path.exists(path):
+            return
         try:
-            self._teardown(record, env, driver)
-        except BaseException as exc:  # keep the record: DEL or GC will finish the job
-            self.log.error("add.rollback_failed", network=record.network,
-                           container_id=record.container_id, ifname=record.ifname, error=str(exc))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            return
+        except FileNotFoundError:
+            from cni.hostfiles import ensure_private_dir
+
+            ensure_private_dir(self.node.state_dir)
+            return self._keep_reserve()
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:
+            os.close(fd)
+            os.unlink(path)  # no room even for the reserve: the record write will say so
+            return
+        os.close(fd)
+
+    def _give_up_reserve(self) -> bool:
+        try:
+            os.unlink(self._reserve_path())
+        except OSError:
+            return False
+        self.log.warning("state.reserve_used", state_dir=self.node.state_dir,
+                         error="state filesystem full: the reserve was released for a rollback")
+        return True
 
     # ---- DEL --------------------------------------------------------------------------
     def delete(self, env: CniEnv, conf: NetConf) -> None:
-        record = self._load(conf.name, env.container_id, env.ifname)
+        with self._locked(env):
+            self._delete(env, conf)
+
+    def _delete(self, env: CniEnv, conf: NetConf) -> None:
+        record = self._load(conf.name, env.container_id, env.ifname, env=env, conf=conf)
         if record is None:
             record = self._record_from_request(env, conf)
             if record is None:
@@ -206,10 +268,14 @@ class Plugin:
             self.log.warning("del.unparsable_config", network=conf.name, error=err.msg)
             return None
         try:
-            plan = driver.plan_without_record(tconf, env)
+            plan = driver.plan_without_record(tconf, env, self.records)
         except CniError as err:
             self.log.warning("del.cannot_plan", network=conf.name, error=err.msg)
             return None
+        if plan is None:
+            # Nothing on the node provably belongs to this (container id, ifname): never
+            # touch another pod's objects. Its addresses, if any, are released by owner.
+            plan = {"nothingOwned": True}
         return AttachmentRecord(
             network=conf.name, container_id=env.container_id, ifname=env.ifname,
             mode=tconf.mode, netns=env.netns, plan=plan,
@@ -228,7 +294,7 @@ class Plugin:
                 cni_path=env.path if env is not None else cni_path,
             )
             try:
-                ipam_client.run(ipam_conf["type"], call, record.conf)
+                ipam_client.run(ipam_conf["type"], call, record.conf, self.node)
             except CniError as err:
                 if err.code not in _IPAM_REFUSED_CONFIG:
                     raise  # transient: keep the record so a later DEL or GC retries
@@ -237,7 +303,11 @@ class Plugin:
                 self.log.warning("del.ipam_refused_config", network=record.network,
                                  container_id=record.container_id, ifname=record.ifname,
                                  code=err.code, error=err.msg)
-        driver.detach(record)
+        if not record.plan.get("nothingOwned"):
+            driver.detach(record)
+        devinfo_file = record.plan.get("deviceInfoFile")
+        if isinstance(devinfo_file, str) and (record.progress is None or STEP_DEVINFO in record.progress):
+            devinfo.remove(devinfo_file, self.node.device_info_dir)
         try:
             self.records.remove(*record.key)
         except ValueError:
@@ -250,11 +320,14 @@ class Plugin:
                            f"config version {conf.cni_version} does not allow CHECK (needs 0.4.0 or later)")
         if conf.prev_result is None:
             raise CniError(Code.INVALID_CONFIG, "invalid network config: CHECK needs prevResult")
-        tconf = tnconf.parse(conf, env, self.node)
         # The same decision as ADD: resolves "vlan": "tenant", and fails an attachment the
         # current policy would no longer allow.
-        tconf = tenancy.enforce(tenancy.load(self.node), tconf, env, self.log)
-        record = self._load(conf.name, env.container_id, env.ifname)
+        tconf = settings.settle(conf, env, self.node, self.log)
+        with self._locked(env):
+            self._check(env, conf, tconf)
+
+    def _check(self, env: CniEnv, conf: NetConf, tconf: tnconf.TenantnetConf) -> None:
+        record = self._load(conf.name, env.container_id, env.ifname, env=env, conf=conf)
         if record is None or record.phase != PHASE_READY:
             raise CniError(Code.UNKNOWN_CONTAINER,
                            f"no attachment recorded for container {env.container_id} ifname "
@@ -272,7 +345,7 @@ class Plugin:
                     drift.append("offloadCheck require: the attachment carries traffic and none of its "
                                  f"active flows is in hardware ({summary.message()})")
             if tconf.ipam_type:
-                ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "CHECK"), conf.raw)
+                ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "CHECK"), conf.raw, self.node)
         except CniError:
             raise
         except BaseException as exc:
@@ -317,7 +390,8 @@ class Plugin:
         doomed: list[AttachmentRecord] = []
         for item in self.records.list(conf.name):
             if isinstance(item, CorruptRecord):
-                problems.append(CniError(Code.IO_FAILURE, str(item)))
+                # Out of the way; what it described is found below as unrecorded objects.
+                self._quarantine(item)
                 continue
             recorded.add((item.container_id, item.ifname))
             if (item.container_id, item.ifname) not in keep:
@@ -331,7 +405,7 @@ class Plugin:
             elif mode == "ovs-offload":
                 # Only where its ports are: a NAD without deviceID (the device plugin gives one
                 # per pod) would not parse as a whole here.
-                hint = {"ovsdb": tnconf.ovsdb_endpoint(conf.raw, self.node)}
+                hint = {"ovsdb": settings.ovsdb_endpoint(conf.raw, self.node)}
             doomed += driver.orphans(conf.name, keep, recorded, hint)
         except (CniError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
             problems.append(system_error(exc, "looking for unrecorded OVS ports"))
@@ -347,23 +421,26 @@ class Plugin:
                 and conf.ipam.get("type") == ipam_client.OWN_IPAM:
             from ipam import plugin as own_ipam
 
-            own_ipam.gc(conf, keep)
+            own_ipam.gc(conf, keep, ipam_client.confinement(self.node))
         if problems:
             raise CniError(problems[0].code, f"GC of network {conf.name} incomplete: "
                            + "; ".join(p.msg for p in problems))
 
     # ---- STATUS -----------------------------------------------------------------------
     def status(self, env: CniEnv, raw: dict[str, Any]) -> None:
-        endpoint = self.node.ovsdb
-        socket_file = raw.get("socket_file")
-        if isinstance(socket_file, str):
-            from tenantnet.config import normalise_ovsdb_endpoint
-
-            endpoint = normalise_ovsdb_endpoint(socket_file) or endpoint
         try:
-            ovsdb.probe(endpoint, timeout=min(self.node.ovsdb_timeout, 2.0))
-        except ovsdb.OvsdbUnavailable as exc:
-            raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {exc}") from None
+            mode = tnconf.infer_mode(raw)
+        except CniError:
+            mode = "ovs"  # a config we cannot read: report on the node's own OVSDB
+        if mode != "sriov":  # SR-IOV attachments never talk to OVSDB
+            try:
+                endpoint = settings.ovsdb_endpoint(raw, self.node)
+            except CniError as err:
+                raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {err.msg}") from None
+            try:
+                ovsdb.probe(endpoint, timeout=min(self.node.ovsdb_timeout, 2.0))
+            except ovsdb.OvsdbUnavailable as exc:
+                raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {exc}") from None
         try:
             os.makedirs(self.records.root, mode=0o700, exist_ok=True)
             if not os.access(self.records.root, os.W_OK):
@@ -402,15 +479,37 @@ class Plugin:
                                                "met: " + "; ".join(refused))
 
     # ---- helpers ----------------------------------------------------------------------
-    def _load(self, network: str, container_id: str, ifname: str) -> AttachmentRecord | None:
+    def _quarantine(self, problem: CorruptRecord) -> None:
+        try:
+            moved = self.records.quarantine(problem)
+        except OSError as exc:
+            moved = None
+            self.log.error("record.quarantine_failed", error=f"{problem}: {exc}")
+        self.log.error("record.corrupt", error=str(problem), quarantined=moved)
+    def _load(self, network: str, container_id: str, ifname: str, *, env: CniEnv | None = None,
+              conf: NetConf | None = None) -> AttachmentRecord | None:
+        """The record, or None; an unreadable one is quarantined and (given the request)
+        replaced by what DEL without a record would undo, so that nothing it described
+        is left behind and no call fails on it for ever."""
         try:
             return self.records.load(network, container_id, ifname)
         except CorruptRecord as exc:
-            self.log.error("record.corrupt", error=str(exc))
-            return None
+            self._quarantine(exc)
+            if env is None or conf is None or env.command == "CHECK":
+                return None
+            return self._record_from_request(replace(env, command="DEL"), conf)
         except OSError as exc:
             raise CniError(Code.IO_FAILURE, f"cannot read attachment records under "
                                             f"{self.records.root}: {exc.strerror or exc}") from None
+
+
+def _out_of_space(exc: BaseException) -> bool:
+    import errno
+
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
+    text = str(getattr(exc, "msg", exc)).lower()
+    return "no space left" in text or "disk is full" in text or "database or disk is full" in text
 
 
 def _gc_env(env: CniEnv) -> CniEnv:

@@ -191,8 +191,13 @@ def cmd_pod(args: argparse.Namespace) -> int:
             if not sep or not pcis:
                 raise multus.MultusError(f"--devices {item!r}: expected RESOURCE=PCI[,PCI…]")
             devices[resource] = [p for p in pcis.split(",") if p]
+        from tenantnet import config
+
+        # Where Multus would put them: the node's deviceInfoDir, the only place the plugin
+        # writes device-info files (docs/security.md).
+        devinfo_dir = os.path.join(config.load(_node_config_path(args)).device_info_dir, "cni")
         delegates = multus.plan_delegates(spec, selections, multus.load_nads(args.nad), devices,
-                                          pod.container_id, pod.uid, str(harness.root / "devinfo"))
+                                          pod.container_id, pod.uid, devinfo_dir)
     except (multus.MultusError, OSError) as exc:
         print(f"tenantnetctl pod {args.pod_command}: {exc}", file=sys.stderr)
         return 2

@@ -14,6 +14,7 @@ from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.netconf import parse_netconf
 from cni.result import Result
+from tenantnet.settings import DELEGATION_ENV
 
 OWN_IPAM = "tenantnet-ipam"
 EXEC_TIMEOUT = 60.0
@@ -43,6 +44,25 @@ def call_for(env: CniEnv, command: str | None = None, netns: str | None = None) 
     )
 
 
+def confinement(node: Any) -> Any:
+    """The node's limits on an IPAM config's dataDir and resolvConf (ipam.config.Confinement)."""
+    from ipam.config import Confinement
+
+    return Confinement(node.ipam_data_dirs, node.resolv_conf_paths)
+
+
+def _is_tenantnet(candidate: str, cni_path: tuple[str, ...]) -> bool:
+    """Is `candidate` the tenantnet plugin itself under another name (a link or copy)?"""
+    for directory in cni_path:
+        own = os.path.join(directory, "tenantnet")
+        try:
+            if os.path.samefile(candidate, own):
+                return True
+        except OSError:
+            continue
+    return False
+
+
 def find_plugin(ipam_type: str, cni_path: tuple[str, ...]) -> str:
     if not cni_path:
         raise CniError(
@@ -52,6 +72,9 @@ def find_plugin(ipam_type: str, cni_path: tuple[str, ...]) -> str:
     for directory in cni_path:
         candidate = os.path.join(directory, ipam_type)
         if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            if _is_tenantnet(candidate, cni_path):
+                raise CniError(Code.INVALID_CONFIG, f"invalid network config: ipam.type={ipam_type!r}: "
+                                                    f"{candidate} is tenantnet itself, not an IPAM plugin")
             return candidate
     raise CniError(
         Code.INVALID_CONFIG,
@@ -74,6 +97,8 @@ def _exec(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any]) -> dict[str,
     for key in ("TENANTNET_CONFIG",):
         if key in os.environ:
             env[key] = os.environ[key]
+    # A delegate that (through any chain) runs tenantnet again is refused there.
+    env[DELEGATION_ENV] = "1"
     try:
         proc = subprocess.run(
             [plugin], input=json.dumps(conf_raw).encode(), env=env,
@@ -107,7 +132,7 @@ def _exec(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any]) -> dict[str,
     return parsed if isinstance(parsed, dict) else None
 
 
-def _in_process(call: IpamCall, conf_raw: dict[str, Any]) -> Result | None:
+def _in_process(call: IpamCall, conf_raw: dict[str, Any], node: Any) -> Result | None:
     from cni.env import parse_env
     from ipam import plugin
 
@@ -117,19 +142,20 @@ def _in_process(call: IpamCall, conf_raw: dict[str, Any]) -> Result | None:
         "CNI_PATH": os.pathsep.join(call.cni_path),
     })
     conf = parse_netconf(conf_raw)
+    limits = confinement(node)
     if call.command == "ADD":
-        return plugin.add(env, conf)
+        return plugin.add(env, conf, limits)
     if call.command == "DEL":
-        plugin.delete(env, conf)
+        plugin.delete(env, conf, limits)
     elif call.command == "CHECK":
-        plugin.check(env, conf)
+        plugin.check(env, conf, limits)
     return None
 
 
-def run(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any]) -> Result | None:
+def run(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any], node: Any) -> Result | None:
     """ADD returns the IPAM result; DEL and CHECK return None or raise CniError."""
     if ipam_type == OWN_IPAM:
-        return _in_process(call, conf_raw)
+        return _in_process(call, conf_raw, node)
     out = _exec(ipam_type, call, conf_raw)
     if call.command == "ADD":
         if out is None:

@@ -53,7 +53,7 @@ def _paths(root: str) -> dict[str, str]:
         "sock": os.path.join(root, "db.sock"),
         "node_config": os.path.join(root, "tenantnet.yaml"),
         "state": os.path.join(root, "state"),
-        "log": os.path.join(root, "tenantnet.log"),
+        "log": os.path.join(root, "log", "tenantnet.log"),
         "meta": os.path.join(root, "lab.json"),
         "pods": os.path.join(root, "state", "harness", "pods"),
     }
@@ -170,6 +170,11 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
             f"stateDir: {p['state']}\n"
             f"logFile: {p['log']}\n"
             "logLevel: info\n"
+            "# what a NAD may name on this lab node (docs/security.md)\n"
+            f"deviceInfoDir: {root}/devinfo\n"
+            f"ipamDataDirs: [{root}/ipam, {root}/host-local, {p['state']}/ipam, {p['state']}/host-local]\n"
+            f"resolvConfPaths: [{root}/resolv.d]\n"
+            f"ovsConfigurationPaths: [{root}/ovs.d]\n"
         )
         if vfs:
             fh.write(

@@ -45,32 +45,83 @@ def dispatch(plugin: Plugin, env: CniEnv, raw: dict[str, Any]) -> dict[str, Any]
 
 
 def handle(env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
-    """In-process handler: node config and logging for this one call, then `dispatch`."""
+    """In-process handler: node config and logging for this one call, then `dispatch`.
+
+    A NAD's `logFile`/`logLevel` are checked (tenantnet.settings) before any file is opened:
+    outside the node's log directory they are refused with code 7 — except on DEL, which
+    must always be able to clean up, and then logs to the node's own file."""
     from cni import log
-    from tenantnet import config
+    from cni.errors import CniError
+    from tenantnet import config, settings
     from tenantnet.core import Plugin
 
     node = config.load()
-    log_file = raw.get("logFile") if isinstance(raw.get("logFile"), str) else None
-    log_level = raw.get("logLevel") if raw.get("logLevel") in ("debug", "info", "warning", "error") else None
-    log.setup(log_file or node.log_file, log_level or node.log_level)
+    try:
+        log_file, log_level = settings.log_settings(raw, node)
+    except CniError:
+        log.setup(node.log_file, node.log_level)
+        if env.command != "DEL":
+            raise
+        log.get("tenantnet").warning("log_settings.ignored", error="the NAD's logFile/logLevel is "
+                                     "not allowed; DEL goes on and logs here")
+    else:
+        log.setup(log_file, log_level)
     return dispatch(Plugin(node), env, raw)
 
 
-def _log_unexpected(exc: BaseException) -> None:
+def refuse_delegated(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str] | None:
+    """tenantnet run as a delegate of a tenantnet call (an IPAM type that leads back to it):
+    answered at once with code 7, so that no NAD can make the plugin exec itself for ever."""
+    from tenantnet.settings import delegation_depth
+
+    if delegation_depth(environ) == 0:
+        return None
+    import json
+
+    from cni.errors import CniError, Code
+    from cni.netconf import config_version
+
+    try:
+        raw = json.loads(stdin)
+    except ValueError:
+        raw = {}
+    err = CniError(Code.INVALID_CONFIG, "invalid network config: ipam.type leads back to tenantnet "
+                                        "itself (tenantnet was run as the delegate of a tenantnet call)")
+    return 1, json.dumps(err.to_dict(config_version(raw if isinstance(raw, dict) else {})))
+
+
+def log_unexpected(exc: BaseException) -> None:
+    """A bug: its traceback goes to the log file (stderr gets one line, cni.log)."""
     try:
         from cni import log
 
-        log.get("tenantnet").error("internal_error", exc_info=exc)
+        log.get("tenantnet").error("internal_error", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
     except Exception:
         pass
+
+
+def _node_log_target(environ: Mapping[str, str]) -> None:
+    """Errors before the node config is read (undecodable stdin) go to the node's log."""
+    from cni import log
+    from tenantnet import config
+
+    try:
+        node = config.load(environ.get("TENANTNET_CONFIG") or None)
+    except Exception:
+        return
+    log.set_default_target(node.log_file, node.log_level)
 
 
 def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
     """One CNI call in this process; (exit code, stdout text without the final newline)."""
     from cni import skel
 
-    code, text = skel.run(handle, environ, stdin, _log_unexpected)
+    refused = refuse_delegated(environ, stdin)
+    if refused is not None:
+        return refused
+    if environ.get("CNI_COMMAND") != "VERSION":
+        _node_log_target(environ)
+    code, text = skel.run(handle, environ, stdin, log_unexpected)
     if "tenantnet.system.ovsdb" in sys.modules:
         from tenantnet.system import ovsdb
 

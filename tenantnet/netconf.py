@@ -7,20 +7,19 @@ Field names and meanings follow ovs-cni (`bridge`, `vlan`, `trunk`, `mtu`, `mac`
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from cni.env import CniEnv, mac_problem
 from cni.errors import CniError, Code, invalid_config
-from cni.netconf import NetConf
+from cni.netconf import NetConf, ci_get
 from cni.result import DNS
-from tenantnet.config import NodeConfig, normalise_ovsdb_endpoint
+from tenantnet import settings
+from tenantnet.config import NodeConfig
 
 MODES = ("ovs", "sriov", "ovs-offload")
-_BRIDGE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
-_IPAM_TYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]*$")
+_BRIDGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}")  # fullmatch ("$" allows a final "\n")
 
 
 @dataclass(frozen=True)
@@ -48,6 +47,9 @@ class VfSettings:
     min_tx_rate: int | None = None
     max_tx_rate: int | None = None
     mtu: int | None = None
+    # Under a tenancy policy: the PFs the admin declared for the network (a VF named by
+    # deviceID must belong to one of them); empty = no restriction.
+    allowed_pfs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,7 @@ class TenantnetConf:
     dns: DNS = field(default_factory=DNS)
     log_file: str | None = None
     log_level: str | None = None
+    device_info_file: str | None = None  # confined to the node's deviceInfoDir
 
     @property
     def name(self) -> str:
@@ -114,8 +117,9 @@ def parse_trunk(value: Any) -> tuple[int, ...]:
     ids: set[int] = set()
     for i, item in enumerate(value):
         where = f"trunk[{i}]"
-        if not isinstance(item, dict) or not ({"id"} <= item.keys() or {"minID", "maxID"} <= item.keys()):
-            raise invalid_config(where, item, 'must be {"id": N} or {"minID": N, "maxID": M}')
+        shape = set(item) & {"id", "minID", "maxID"} if isinstance(item, dict) else None
+        if shape not in ({"id"}, {"minID", "maxID"}):
+            raise invalid_config(where, item, 'must be {"id": N} or {"minID": N, "maxID": M} (not both)')
         if "id" in item:
             ids.add(_vlan_id(f"{where}.id", item["id"]))
             continue
@@ -134,7 +138,10 @@ def infer_mode(raw: dict[str, Any]) -> str:
             raise invalid_config("mode", mode, f"must be one of {', '.join(MODES)}")
         return str(mode)
     has_bridge = bool(raw.get("bridge"))
-    names_vf = any(raw.get(k) for k in ("deviceID", "pciBusID", "pf", "pfs"))
+    runtime = raw.get("runtimeConfig")
+    # Multus puts a deviceID from the pod annotation only into runtimeConfig.
+    names_vf = any(raw.get(k) for k in ("deviceID", "pciBusID", "pf", "pfs")) or \
+        bool(isinstance(runtime, dict) and ci_get(runtime, "deviceID"))
     if has_bridge and names_vf:
         return "ovs-offload"
     if names_vf:
@@ -146,43 +153,6 @@ def infer_mode(raw: dict[str, Any]) -> str:
         "invalid network config: cannot infer mode: set \"mode\", or \"bridge\" for an OVS port, "
         "or \"deviceID\"/\"pf\" for an SR-IOV VF",
     )
-
-
-def ovsdb_endpoint(raw: dict[str, Any], node: NodeConfig) -> str:
-    """The OVSDB endpoint a network config names (ovs-cni's `socket_file` or
-    `configuration_path`), else the node's."""
-    socket_file = raw.get("socket_file")
-    if socket_file is None and raw.get("configuration_path") is not None:
-        socket_file = _socket_from_configuration_path(raw["configuration_path"])
-    if socket_file is None:
-        return node.ovsdb
-    if not isinstance(socket_file, str) or normalise_ovsdb_endpoint(socket_file) is None:
-        raise invalid_config(
-            "socket_file", socket_file, "must be unix:/path, tcp:host:port, ssl:host:port or /path"
-        )
-    endpoint = normalise_ovsdb_endpoint(socket_file)
-    assert endpoint is not None
-    if endpoint.startswith("ssl:"):
-        raise CniError(
-            Code.UNSUPPORTED_FIELD,
-            f"unsupported field value: socket_file={socket_file!r}: ssl: endpoints are not "
-            "supported yet; use unix: or tcp:",
-        )
-    return endpoint
-
-
-def _socket_from_configuration_path(path: Any) -> Any:
-    """ovs-cni's flat-file override: a JSON file that may hold `socket_file`."""
-    if not isinstance(path, str) or not path.startswith("/"):
-        raise invalid_config("configuration_path", path, "must be an absolute file path")
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise invalid_config("configuration_path", path, f"cannot be read: {exc.strerror}") from None
-    except ValueError:
-        raise invalid_config("configuration_path", path, "is not a JSON file") from None
-    return data.get("socket_file") if isinstance(data, dict) else None
 
 
 def _mac(conf: NetConf, env: CniEnv) -> str | None:
@@ -200,34 +170,62 @@ def _mac(conf: NetConf, env: CniEnv) -> str | None:
     return None
 
 
-def _dns(conf: NetConf) -> DNS:
-    dns = DNS.from_dict(conf.raw.get("dns"), "dns") if conf.raw.get("dns") else DNS()
-    rt = conf.runtime("dns")
-    if isinstance(rt, dict):
-        # containerd capitalises these keys (Servers, Searches, Options).
-        from cni.netconf import ci_get
+def _strings(where: str, value: Any) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and "\0" not in v for v in value):
+        raise invalid_config(where, value, "must be a list of strings")
+    return list(value)
 
-        servers = ci_get(rt, "servers") or []
-        searches = ci_get(rt, "searches") or []
-        options = ci_get(rt, "options") or []
-        if servers:
-            dns.nameservers = [str(s) for s in servers]
-        if searches:
-            dns.search = [str(s) for s in searches]
-        if options:
-            dns.options = [str(s) for s in options]
+
+def _dns(conf: NetConf) -> DNS:
+    try:
+        dns = DNS.from_dict(conf.raw.get("dns"), "dns") if conf.raw.get("dns") else DNS()
+    except CniError as err:
+        raise CniError(Code.INVALID_CONFIG, f"invalid network config: {err.msg}") from None
+    rt = conf.runtime("dns")
+    if rt is None:
+        return dns
+    if not isinstance(rt, dict):
+        raise invalid_config("runtimeConfig.dns", rt, "must be an object with servers, searches, options")
+    # containerd capitalises these keys (Servers, Searches, Options).
+    servers = _strings("runtimeConfig.dns.servers", ci_get(rt, "servers"))
+    searches = _strings("runtimeConfig.dns.searches", ci_get(rt, "searches"))
+    options = _strings("runtimeConfig.dns.options", ci_get(rt, "options"))
+    if servers:
+        dns.nameservers = servers
+    if searches:
+        dns.search = searches
+    if options:
+        dns.options = options
     return dns
+
+
+def _runtime_types(conf: NetConf) -> None:
+    """The runtimeConfig and args fields tenantnet or its IPAM reads, type-checked at the edge."""
+    for key in ("mac", "deviceID", "CNIDeviceInfoFile"):
+        value = conf.runtime(key)
+        if value is not None and not isinstance(value, str):
+            raise invalid_config(f"runtimeConfig.{key}", value, "must be a string")
+    for where, value in (("runtimeConfig.ips", conf.runtime("ips")),
+                         ("args.cni.ips", conf.args_cni.get("ips"))):
+        if value is not None:
+            _strings(where, value)
 
 
 def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
     raw = conf.raw
+    # DEL must clean up whatever the config says of logging (the entry point logs to the
+    # node's file then); every other verb refuses a logFile outside the log directory.
+    log_file, log_level = settings.log_settings(raw if env.command != "DEL" else {}, node)
+    _runtime_types(conf)
     mode = infer_mode(raw)
     ovs = None
     if mode in ("ovs", "ovs-offload"):
         bridge = raw.get("bridge")
         if mode == "ovs-offload" and bridge in (None, ""):
             bridge = ""  # offload: the bridge whose uplink is the VF's PF, found at ADD
-        elif not isinstance(bridge, str) or not _BRIDGE_RE.match(bridge):
+        elif not isinstance(bridge, str) or not _BRIDGE_RE.fullmatch(bridge):
             raise invalid_config(
                 "bridge", bridge,
                 "must name an OVS bridge (letters, digits, '_', '.', '-'; at most 63 characters)",
@@ -245,7 +243,7 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
             trunks=parse_trunk(raw.get("trunk")),
             mtu=_int_field(raw, "mtu", 68, 65535),
             ofport_request=_int_field(raw, "ofport_request", 1, 65279),
-            ovsdb=ovsdb_endpoint(raw, node),
+            ovsdb=settings.ovsdb_endpoint(raw, node),
         )
         for key in ("link_state_check_retries", "link_state_check_interval"):
             _int_field(raw, key, 0, 100000)  # accepted for ovs-cni compatibility; veths need no wait
@@ -253,17 +251,8 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
     offload_check = raw.get("offloadCheck", "off")
     if offload_check not in ("off", "require"):
         raise invalid_config("offloadCheck", offload_check, 'must be "off" or "require"')
-    ipam_type = ""
-    if conf.ipam:
-        ipam_type = conf.ipam.get("type", "")
-        if not isinstance(ipam_type, str) or not _IPAM_TYPE_RE.match(ipam_type):
-            raise invalid_config("ipam.type", ipam_type, "must name an IPAM plugin executable on CNI_PATH")
-    log_level = raw.get("logLevel")
-    if log_level is not None and log_level not in ("debug", "info", "warning", "error", "panic"):
-        raise invalid_config("logLevel", log_level, "must be one of debug, info, warning, error")
-    log_file = raw.get("logFile")
-    if log_file is not None and (not isinstance(log_file, str) or not log_file.startswith("/")):
-        raise invalid_config("logFile", log_file, "must be an absolute file path")
+    ipam_type = settings.ipam_type(conf)
+    settings.ipam_paths(conf.ipam, node)
     return TenantnetConf(
         base=conf,
         mode=mode,
@@ -272,9 +261,10 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
         ipam_type=ipam_type,
         dns=_dns(conf),
         log_file=log_file,
-        log_level="error" if log_level == "panic" else log_level,
+        log_level=log_level,
         vf=vf,
         offload_check=offload_check == "require",
+        device_info_file=settings.device_info_file(conf, node) if mode != "ovs" else None,
     )
 
 
@@ -307,11 +297,13 @@ def _vf_settings(conf: NetConf) -> VfSettings:
     raw = conf.raw
     pfs: list[str] = []
     if raw.get("pf") is not None:
-        if not isinstance(raw["pf"], str) or not raw["pf"]:
+        pf = raw["pf"]
+        if not isinstance(pf, str) or not _BRIDGE_RE.fullmatch(pf.replace(":", "")):
             raise invalid_config("pf", raw["pf"], "must be a PF netdev name or PCI address")
         pfs.append(raw["pf"])
     if raw.get("pfs") is not None:
-        if not isinstance(raw["pfs"], list) or not all(isinstance(p, str) and p for p in raw["pfs"]):
+        if not isinstance(raw["pfs"], list) or \
+                not all(isinstance(p, str) and _BRIDGE_RE.fullmatch(p.replace(":", "")) for p in raw["pfs"]):
             raise invalid_config("pfs", raw["pfs"], "must be a list of PF netdev names or PCI addresses")
         pfs.extend(raw["pfs"])
     dev = device_id(conf)

@@ -7,18 +7,26 @@ any instant leaves enough on disk to undo everything. Files are written atomical
 
     <stateDir>/attachments/<network>/<containerID>/<ifname>.json
 
-Each path component was validated by `cni.names` before it gets here.
+Each path component was validated by `cni.names` before it gets here. A record that cannot
+be read as this format (bad JSON, wrong types, a newer format) is *quarantined* — moved to
+`<stateDir>/quarantine/` — so that DEL and GC go on from the request and what the system
+shows instead of failing on it for ever; `tenantnetctl ls` lists quarantined records.
+Calls for one (container id, ifname) are serialised across processes by `lock`.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import json
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from cni.hostfiles import ensure_private_dir
 from cni.names import container_id_problem, ifname_problem, network_name_problem
 
 PHASE_ADDING = "adding"
@@ -75,20 +83,88 @@ class AttachmentRecord:
 
     @classmethod
     def from_json(cls, text: str) -> AttachmentRecord:
+        """Parse a record; ValueError naming what is wrong if it is not one we wrote."""
         data = json.loads(text)
-        data.pop("format", None)
+        if not isinstance(data, dict):
+            raise ValueError(f"a record is a JSON object, this is {type(data).__name__}")
+        fmt = data.pop("format", FORMAT)
+        if not isinstance(fmt, int) or isinstance(fmt, bool) or fmt > FORMAT:
+            raise ValueError(f"format {fmt!r} is not one this tenantnet reads (up to {FORMAT})")
         data.pop("progress", None)
-        data["pod"] = PodRef(**data.get("pod") or {})
+        for key, kinds in _FIELD_TYPES.items():
+            if key in data and not isinstance(data[key], kinds):
+                raise ValueError(f"{key} is {type(data[key]).__name__}, not {kinds}")
+        for key in ("network", "container_id", "ifname", "mode"):
+            if key not in data:
+                raise ValueError(f"{key} is missing")
+        pod = data.get("pod") or {}
+        if not all(isinstance(pod.get(k, ""), str) for k in ("namespace", "name", "uid")) or \
+                not set(pod) <= {"namespace", "name", "uid"}:
+            raise ValueError("pod must hold namespace, name and uid strings")
+        data["pod"] = PodRef(**pod)
+        unknown = set(data) - set(_FIELD_TYPES) - {"pod"}
+        if unknown:
+            raise ValueError(f"unknown fields {sorted(unknown)}")
         return cls(**data)
 
 
+_FIELD_TYPES: dict[str, Any] = {
+    "network": str, "container_id": str, "ifname": str, "mode": str, "netns": str, "phase": str,
+    "pod": dict, "plan": dict, "conf": dict, "result": (dict, type(None)),
+    "created": (int, float), "updated": (int, float),
+}
+_LOCK_STRIPES = 256
+
+
 class CorruptRecord(Exception):
-    pass
+    def __init__(self, message: str, path: str = "") -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class RecordStore:
     def __init__(self, state_dir: str) -> None:
+        self.state_dir = state_dir
         self.root = os.path.join(state_dir, "attachments")
+        self.quarantine_root = os.path.join(state_dir, "quarantine")
+
+    @contextmanager
+    def lock(self, container_id: str, ifname: str) -> Iterator[None]:
+        """Serialise every call for one (container id, ifname), across processes and threads.
+
+        256 lock files, by hash: a bounded number of files (one per attachment would grow
+        with every pod ever seen, and removing them races with waiters), at the price of an
+        occasional wait behind an unrelated attachment. flock dies with its holder."""
+        digest = hashlib.sha256(f"{container_id}/{ifname}".encode()).digest()
+        lock_dir = os.path.join(self.state_dir, "locks")
+        ensure_private_dir(lock_dir)
+        path = os.path.join(lock_dir, f"attachment-{digest[0] % _LOCK_STRIPES:02x}.lock")
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)  # releases the lock
+
+    def quarantine(self, problem: CorruptRecord) -> str | None:
+        """Move an unreadable record out of the way; the new path (None if it was gone)."""
+        if not problem.path:
+            return None
+        rel = os.path.relpath(problem.path, self.root)
+        target = os.path.join(self.quarantine_root, f"{rel}.{time.time_ns()}")
+        ensure_private_dir(os.path.dirname(target))
+        try:
+            os.replace(problem.path, target)
+        except FileNotFoundError:
+            return None
+        return target
+
+    def quarantined(self) -> list[str]:
+        """Paths of quarantined records."""
+        out = []
+        for base, _, files in os.walk(self.quarantine_root):
+            out.extend(os.path.join(base, f) for f in files)
+        return sorted(out)
 
     def path(self, network: str, container_id: str, ifname: str) -> str:
         # Defence in depth: the entry points validated these already.
@@ -111,7 +187,7 @@ class RecordStore:
         try:
             return AttachmentRecord.from_json(text)
         except (ValueError, TypeError, KeyError) as exc:
-            raise CorruptRecord(f"attachment record {path} is unreadable: {exc}") from None
+            raise CorruptRecord(f"attachment record {path} is unreadable: {exc}", path) from None
 
     def save(self, record: AttachmentRecord, *, new_file: bool = True) -> None:
         """Write the record atomically (temp file, fsync, rename). With `new_file` the
@@ -120,7 +196,7 @@ class RecordStore:
         record.updated = time.time()
         path = self.path(*record.key)
         directory = os.path.dirname(path)
-        os.makedirs(directory, mode=0o700, exist_ok=True)
+        ensure_private_dir(directory)
         tmp = f"{path}.tmp.{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
@@ -193,4 +269,4 @@ class RecordStore:
                     except FileNotFoundError:
                         continue
                     except (ValueError, TypeError, KeyError) as exc:
-                        yield CorruptRecord(f"attachment record {path} is unreadable: {exc}")
+                        yield CorruptRecord(f"attachment record {path} is unreadable: {exc}", path)

@@ -47,6 +47,8 @@ CURRENT = "1.1.0"
 SUPPORTED = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
 TRY_AGAIN_LATER = 11
 NOT_AVAILABLE = 50
+DECODE_FAILURE = 6
+MAX_STDIN = 1 << 20  # = cni.netconf.MAX_STDIN_BYTES: larger stdin is refused before the agent
 
 # connect() errors meaning "nobody serves this socket": fall back to in-process.
 _NO_AGENT = {2, 20, 111, 13}  # ENOENT, ENOTDIR, ECONNREFUSED, EACCES
@@ -159,12 +161,12 @@ def frame(payload: bytes) -> bytes:
     return len(payload).to_bytes(4, "big") + payload
 
 
-def recv_frame(sock: object) -> bytes:
-    """One length-prefixed frame; EOFError if the peer closed first."""
+def recv_frame(sock: object, limit: int = MAX_FRAME) -> bytes:
+    """One length-prefixed frame of at most `limit` bytes; EOFError if the peer closed first."""
     head = _recv_exact(sock, 4)
     n = int.from_bytes(head, "big")
-    if n > MAX_FRAME:
-        raise ValueError(f"frame of {n} bytes exceeds {MAX_FRAME}")
+    if n > limit:
+        raise ValueError(f"frame of {n} bytes exceeds {limit}")
     return _recv_exact(sock, n)
 
 
@@ -271,6 +273,12 @@ def run(plugin: str) -> int:
     stdin = b"" if sys.stdin is None or sys.stdin.closed else sys.stdin.buffer.read()
     environ = _environb()
     socket_path, declared = agent_socket_of(node_config_path(environ))
+    if len(stdin) > MAX_STDIN:
+        code, out = 1, error_json(b"", DECODE_FAILURE, f"network config on stdin is {len(stdin)} bytes; "
+                                                      f"at most {MAX_STDIN} allowed")
+        sys.stdout.write(out.decode())
+        sys.stdout.flush()
+        return code
     try:
         code, out, err = ask(socket_path, plugin, dict(environ), stdin, timeout_of(environ))
         _served_by_agent = True

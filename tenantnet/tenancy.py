@@ -3,6 +3,9 @@
 The policy lives in the node config (`tenancy:`) or a YAML file it names (`tenancyFile:`):
 
     tenancy:
+      networks:                                 # the admin declares each network's fabric
+        rail-1: {bridge: br-rail1}              # (ovsdb: the node's unless given)
+        rail-2: {pfs: [ens1f0]}                 # SR-IOV VFs of these PFs
       tenants:
         team-a:
           namespaces: [team-a, "team-a-*"]      # exact names and glob patterns
@@ -14,8 +17,9 @@ Without a policy nothing changes. Once a policy exists it is default-deny: a pod
 namespace maps to no tenant, or whose tenant has no entry for the NAD's network, or a NAD
 asking for a VLAN (access or trunk) outside the tenant's set for that network, is refused
 with code 120 before anything is touched — whatever NAD the pod names. Segments are VLAN
-ids per network; a network's NAD decides the fabric (bridge, PF), so grant a VLAN of one
-fabric to one tenant only.
+ids per network, and the network's fabric is the admin's declaration, never the NAD's
+(`tenantnet.settings.bind_fabric`): a policy that grants a tenant an undeclared network, or
+one VLAN of one fabric (bridge or PF) to two tenants, is refused when it is loaded.
 """
 
 from __future__ import annotations
@@ -53,9 +57,31 @@ class Tenant:
 
 
 @dataclass(frozen=True)
+class NetworkDecl:
+    """The admin's declaration of a network's fabric: an OVS bridge (on `ovsdb`, empty = the
+    node's), a set of PFs whose VFs it uses, or both (ovs-offload)."""
+
+    bridge: str = ""
+    ovsdb: str = ""
+    pfs: tuple[str, ...] = ()
+
+    def modes(self) -> tuple[str, ...]:
+        if self.bridge and self.pfs:
+            return ("ovs-offload",)
+        return ("ovs",) if self.bridge else ("sriov",)
+
+    def fabrics(self, node_ovsdb: str) -> list[str]:
+        """The switches a VLAN of this network lives on (for "one VLAN, one tenant")."""
+        if self.bridge:
+            return [f"bridge {self.bridge} on {self.ovsdb or node_ovsdb}"]
+        return [f"PF {pf}" for pf in self.pfs]
+
+
+@dataclass(frozen=True)
 class TenantPolicy:
     tenants: tuple[Tenant, ...]
     source: str = ""
+    networks: dict[str, NetworkDecl] = field(default_factory=dict)
 
     def tenant_of(self, namespace: str) -> Tenant | None:
         """Exact names win over patterns; among patterns the longest (most specific) wins."""
@@ -97,9 +123,61 @@ def _vlan_set(where: str, items: Any) -> frozenset[int]:
     return frozenset(ids)
 
 
-def parse_policy(data: Any, source: str) -> TenantPolicy:
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:\-]{0,62}")
+
+
+def _declarations(raw: Any, node: Any) -> dict[str, NetworkDecl]:
+    from tenantnet.config import normalise_ovsdb_endpoint
+
+    if not isinstance(raw, dict):
+        raise _bad("networks", raw, "must be a mapping of network name to its fabric "
+                                    "({bridge, ovsdb} and/or {pfs})")
+    out = {}
+    for net, spec in raw.items():
+        where = f"networks.{net}"
+        if not isinstance(spec, dict) or not set(spec) <= {"bridge", "ovsdb", "pfs"}:
+            raise _bad(where, spec, "must be a mapping with bridge (and ovsdb) and/or pfs")
+        bridge = spec.get("bridge") or ""
+        if bridge and not (isinstance(bridge, str) and _NAME.fullmatch(bridge)):
+            raise _bad(f"{where}.bridge", bridge, "must be an OVS bridge name")
+        ovsdb = spec.get("ovsdb") or ""
+        if ovsdb:
+            endpoint = normalise_ovsdb_endpoint(ovsdb) if isinstance(ovsdb, str) else None
+            allowed = node.allowed_ovsdb() if node is not None else ()
+            if endpoint is None or (node is not None and endpoint not in allowed):
+                raise _bad(f"{where}.ovsdb", ovsdb, "must be the node config's ovsdb or one of its "
+                                                    f"ovsdbEndpoints ({', '.join(allowed)})")
+            ovsdb = endpoint
+        pfs = spec.get("pfs") or []
+        if not isinstance(pfs, list) or not all(isinstance(p, str) and _NAME.fullmatch(p) for p in pfs):
+            raise _bad(f"{where}.pfs", pfs, "must be a list of PF netdev names or PCI addresses")
+        if not bridge and not pfs:
+            raise _bad(where, spec, "declares no fabric: give bridge and/or pfs")
+        if ovsdb and not bridge:
+            raise _bad(f"{where}.ovsdb", ovsdb, "needs a bridge")
+        out[str(net)] = NetworkDecl(bridge, ovsdb, tuple(pfs))
+    return out
+
+
+def _one_tenant_per_vlan(tenants: list[Tenant], networks: dict[str, NetworkDecl], node_ovsdb: str) -> None:
+    """A VLAN of one fabric belongs to one tenant: two tenants on one segment would see
+    each other's traffic whatever the NADs say."""
+    owner: dict[tuple[str, int], tuple[str, str]] = {}
+    for tenant in tenants:
+        for net, grant in tenant.networks.items():
+            for fabric in networks[net].fabrics(node_ovsdb):
+                for vlan in grant.vlans:
+                    held = owner.setdefault((fabric, vlan), (tenant.name, net))
+                    if held[0] != tenant.name:
+                        raise _bad(f"tenants.{tenant.name}.networks.{net}.vlans", vlan,
+                                   f"VLAN {vlan} of {fabric} is already granted to tenant {held[0]} "
+                                   f"(network {held[1]}); a VLAN of one fabric belongs to one tenant")
+
+
+def parse_policy(data: Any, source: str, node: Any = None) -> TenantPolicy:
     if not isinstance(data, dict) or not isinstance(data.get("tenants"), dict):
         raise _bad("tenants", data, "must be a mapping of tenant name to its namespaces and networks")
+    declared = _declarations(data.get("networks") or {}, node)
     tenants = []
     for name, spec in data["tenants"].items():
         where = f"tenants.{name}"
@@ -110,8 +188,14 @@ def parse_policy(data: Any, source: str) -> TenantPolicy:
                 not all(isinstance(n, str) and n for n in namespaces):
             raise _bad(f"{where}.namespaces", namespaces, "must be a non-empty list of names or globs")
         networks = {}
-        for net, grant in (spec.get("networks") or {}).items():
+        grants = spec.get("networks") or {}
+        if not isinstance(grants, dict):
+            raise _bad(f"{where}.networks", grants, "must be a mapping of network name to its VLANs")
+        for net, grant in grants.items():
             gwhere = f"{where}.networks.{net}"
+            if str(net) not in declared:
+                raise _bad(gwhere, grant, f"network {net} is not declared under networks: with its "
+                                          "fabric (bridge/ovsdb or pfs); a NAD cannot be what decides it")
             if not isinstance(grant, dict):
                 raise _bad(gwhere, grant, "must be a mapping with vlans (and optional default)")
             vlans = _vlan_set(f"{gwhere}.vlans", grant.get("vlans", []))
@@ -128,13 +212,14 @@ def parse_policy(data: Any, source: str) -> TenantPolicy:
                 raise _bad(f"{where}.sriov.{key}", sriov.get(key), f"must be one of {', '.join(allowed)}")
         tenants.append(Tenant(str(name), tuple(namespaces), networks,
                               sriov.get("spoofchk") == "required", sriov.get("trust") == "forbidden"))
-    return TenantPolicy(tuple(tenants), source)
+    _one_tenant_per_vlan(tenants, declared, node.ovsdb if node is not None else "")
+    return TenantPolicy(tuple(tenants), source, declared)
 
 
 def load(node: Any) -> TenantPolicy | None:
     """The node's policy, from `tenancy:` inline or the file `tenancyFile:` names."""
     if node.tenancy is not None:
-        return parse_policy(node.tenancy, node.source)
+        return parse_policy(node.tenancy, node.source, node)
     if node.tenancy_file:
         import yaml
 
@@ -147,7 +232,8 @@ def load(node: Any) -> TenantPolicy | None:
         except yaml.YAMLError as exc:
             raise CniError(Code.INVALID_CONFIG,
                            f"tenancy policy {node.tenancy_file} is not valid YAML: {exc}") from None
-        return parse_policy(data.get("tenancy", data) if isinstance(data, dict) else data, node.tenancy_file)
+        return parse_policy(data.get("tenancy", data) if isinstance(data, dict) else data, node.tenancy_file,
+                            node)
     return None
 
 

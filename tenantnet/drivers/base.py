@@ -7,6 +7,7 @@ mode means adding a module here and a line in `_DRIVERS` — nothing else change
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import threading
 from abc import ABC, abstractmethod
@@ -42,6 +43,28 @@ class Attached:
     pending: Future[Any] | None = None
 
 
+MARK_PREFIX = "tenantnet:"
+
+
+def owner_mark(network: str, container_id: str, ifname: str) -> str:
+    """The ownership mark tenantnet writes into the interface alias (IFLA_IFALIAS, ≤ 255
+    bytes) of the links it creates or takes: a host veth, a VF's netdev. The alias travels
+    with the link between namespaces, so a DEL without a record can prove that a link is
+    this attachment's before it touches it (docs/security.md). The network is hashed to keep
+    the mark within the kernel's limit; container ids have no ':' and ifnames no '/'."""
+    digest = hashlib.sha256(network.encode()).hexdigest()[:16]
+    return f"{MARK_PREFIX}{digest}:{container_id}/{ifname}"
+
+
+def mark_owner(alias: str, network: str) -> tuple[str, str] | None:
+    """(container id, ifname) of a mark of `network`, or None if the alias is no such mark."""
+    prefix = owner_mark(network, "", "")[:-1]
+    if not alias.startswith(prefix):
+        return None
+    cid, sep, ifname = alias[len(prefix):].partition("/")
+    return (cid, ifname) if sep and cid and ifname else None
+
+
 _helpers: ThreadPoolExecutor | None = None
 _helpers_lock = threading.Lock()
 
@@ -74,8 +97,10 @@ class Driver(ABC):
         `records` (the RecordStore) lets a driver see what other attachments hold.
         """
 
-    def plan_without_record(self, conf: TenantnetConf, env: CniEnv) -> dict[str, Any]:
-        """The plan DEL uses when the record is lost: what we would have made for this request."""
+    def plan_without_record(self, conf: TenantnetConf, env: CniEnv,
+                            records: Any = None) -> dict[str, Any] | None:
+        """The plan DEL uses when there is no record: only objects that provably belong to
+        this (container id, ifname) — None when there are none to undo."""
         return self.plan(conf, env, None)
 
     @abstractmethod

@@ -14,7 +14,7 @@ from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.result import Interface
 from tenantnet import config
-from tenantnet.drivers.base import Attached, Driver, in_background
+from tenantnet.drivers.base import Attached, Driver, in_background, mark_owner, owner_mark
 from tenantnet.netconf import TenantnetConf
 from tenantnet.records import AttachmentRecord, PodRef
 from tenantnet.system import netlink, ovsdb
@@ -69,7 +69,8 @@ class OvsDriver(Driver):
         record.mark(STEP_VETH)
         try:
             netlink.create_veth_into_netns(
-                host, record.ifname, record.netns, mtu=plan.get("mtu"), pod_mac=conf.mac
+                host, record.ifname, record.netns, mtu=plan.get("mtu"), pod_mac=conf.mac,
+                host_alias=owner_mark(record.network, record.container_id, record.ifname),
             )
         except netlink.LinkExists:
             raise CniError(
@@ -90,10 +91,10 @@ class OvsDriver(Driver):
         done = record.progress
         # Deleting the host end removes the pod end too, wherever it is. The kernel takes
         # ≈ 20 ms for it (mostly waiting for RCU), so it runs beside the port's transaction.
-        unlink = in_background(netlink.delete_host_link, host) if done is None or STEP_VETH in done else None
+        unlink = in_background(delete_own_link, record, host) if done is None or STEP_VETH in done else None
         try:
             if done is None or STEP_PORT in done:
-                self._db(record).delete_port(host)
+                self._db(record).delete_port(host, owner=(record.container_id, record.ifname))
         finally:
             if unlink is not None:
                 unlink.result()
@@ -115,8 +116,28 @@ class OvsDriver(Driver):
     def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
                 plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
         db = config.ovsdb_handle(self.node, plan_hint.get("ovsdb"))
-        return unrecorded_ports(db, network, self.mode, keep | recorded, lambda port: {
+        found = unrecorded_ports(db, network, self.mode, keep | recorded, lambda port: {
             "hostIfname": port.name, "bridge": port.bridge, "ovsdb": db.endpoint})
+        # Host veths marked as ours whose OVS port never got written (or was lost).
+        seen = keep | recorded | {(r.container_id, r.ifname) for r in found}
+        for link in netlink.host_links():
+            owner = mark_owner(link.alias, network)
+            if owner is None or owner in seen or link.name != host_ifname(*owner):
+                continue
+            found.append(AttachmentRecord(network=network, container_id=owner[0], ifname=owner[1],
+                                          mode=self.mode,
+                                          plan={"hostIfname": link.name, "ovsdb": db.endpoint}))
+        return found
+
+
+def delete_own_link(record: AttachmentRecord, name: str) -> bool:
+    """Delete the host link `name` unless its alias marks it as another attachment's."""
+    link = netlink.host_link(name)
+    if link is None:
+        return False
+    if link.alias and link.alias != owner_mark(record.network, record.container_id, record.ifname):
+        return False
+    return netlink.delete_host_link(name)
 
 
 def unrecorded_ports(db: ovsdb.Ovsdb, network: str, mode: str, known: set[tuple[str, str]],

@@ -117,12 +117,24 @@ class OvsOffloadDriver(SriovDriver):
         plan["preconditionWarnings"] = self._enforce(self.preconditions(vf, rep, db))
         return plan
 
-    def plan_without_record(self, conf: TenantnetConf, env: CniEnv) -> dict[str, Any]:
-        assert conf.ovs is not None
-        plan = super().plan_without_record(conf, env)
-        vf = self.sysfs.vf(plan["deviceID"])
+    def plan_without_record(self, conf: TenantnetConf, env: CniEnv,
+                            records: Any = None) -> dict[str, Any] | None:
+        """The VF as in mode sriov (only if it carries our mark); the representor's port is
+        deleted only if its external_ids name this (container id, ifname)."""
+        assert conf.ovs is not None and conf.vf is not None and conf.vf.device_id
+        vf = self.sysfs.vf(conf.vf.device_id)
+        plan = super().plan_without_record(conf, env, records)
+        port_only = plan is None
+        if port_only:
+            plan = {}
         plan.update({"representor": find_representor(self.sysfs, vf), "bridge": conf.ovs.bridge,
                      "ovsdb": conf.ovs.ovsdb})
+        if port_only:
+            port = self._db(conf.ovs.ovsdb).port(plan["representor"]) if plan["representor"] else None
+            ids = port.external_ids if port is not None else {}
+            owner = (ids.get(ovsdb.OWNER_CONTAINER), ids.get(ovsdb.OWNER_IFNAME))
+            if owner != (env.container_id, env.ifname):
+                return None
         return plan
 
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
@@ -142,10 +154,11 @@ class OvsOffloadDriver(SriovDriver):
         plan = record.plan
         rep = plan.get("representor")
         done = record.progress
-        if rep and (done is None or STEP_PORT in done):
-            self._db(plan.get("ovsdb")).delete_port(rep)
-            if netlink.host_link(rep) is not None:
-                netlink.set_host_link(rep, up=False)
+        owner = (record.container_id, record.ifname)
+        deleted = rep and (done is None or STEP_PORT in done) and \
+            self._db(plan.get("ovsdb")).delete_port(rep, owner=owner)
+        if deleted and netlink.host_link(rep) is not None:
+            netlink.set_host_link(rep, up=False)
         if "deviceID" in plan:  # an orphan port whose VF could not be found has only the port
             super().detach(record)
 

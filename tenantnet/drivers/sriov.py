@@ -18,7 +18,7 @@ from typing import Any
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
-from tenantnet.drivers.base import Attached, Driver
+from tenantnet.drivers.base import Attached, Driver, owner_mark
 from tenantnet.netconf import TenantnetConf
 from tenantnet.records import AttachmentRecord, CorruptRecord
 from tenantnet.system import netlink
@@ -102,11 +102,22 @@ class SriovDriver(Driver):
             raise CniError(Code.INVALID_CONFIG,
                            f"invalid network config: deviceID={address!r}: {exc}") from None
 
+    def _on_allowed_pf(self, conf: TenantnetConf, vf: VirtualFunction) -> None:
+        """Under a tenancy policy a named VF must be one of the network's declared PFs'."""
+        assert conf.vf is not None
+        allowed = conf.vf.allowed_pfs
+        if allowed and vf.pf_netdev not in allowed and vf.pf_address not in allowed:
+            raise CniError(Code.TENANT_DENIED,
+                           f"tenant isolation: deviceID={vf.address!r}: the VF belongs to PF "
+                           f"{vf.pf_netdev or vf.pf_address}, and network {conf.name} is declared by the "
+                           f"admin on PFs {', '.join(allowed)}")
+
     def _choose(self, conf: TenantnetConf, env: CniEnv, records: Any) -> VirtualFunction:
         assert conf.vf is not None
         held = self._holders(records)
         if conf.vf.device_id:
             vf = self._vf(conf.vf.device_id)
+            self._on_allowed_pf(conf, vf)
             holder = held.get(vf.address)
             if holder is not None and \
                     (holder.container_id, holder.ifname) != (env.container_id, env.ifname):
@@ -159,7 +170,7 @@ class SriovDriver(Driver):
                 raise CniError(Code.INVALID_CONFIG,
                                f"invalid network config: deviceID={vf.address!r}: its netdev "
                                f"{vf.netdev} is not in the host namespace (in use?)")
-            netdev = {"name": link.name, "mac": link.mac, "mtu": link.mtu, "up": link.up}
+            netdev = {"name": link.name, "mac": link.mac, "mtu": link.mtu, "up": link.up, "alias": link.alias}
         return {
             "deviceID": vf.address, "pfAddress": vf.pf_address, "pf": vf.pf_netdev,
             "vfIndex": vf.index, "driver": vf.driver, "dpdk": vf.userspace,
@@ -167,11 +178,34 @@ class SriovDriver(Driver):
             "original": {"vf": original_vf.to_dict(), "netdev": netdev},
         }
 
-    def plan_without_record(self, conf: TenantnetConf, env: CniEnv) -> dict[str, Any]:
+    def plan_without_record(self, conf: TenantnetConf, env: CniEnv,
+                            records: Any = None) -> dict[str, Any] | None:
+        """Without a record a VF is touched only if its netdev carries this attachment's
+        mark — in the pod's namespace as `ifname`, or back on the host (its namespace gone)
+        — and no other record holds it. A VF at home and unmarked, one another pod holds, or
+        a DPDK VF (no netdev to carry a mark) is left exactly as it is."""
         assert conf.vf is not None
         if not conf.vf.device_id:
             raise CniError(Code.INVALID_CONFIG, "no record and no deviceID: cannot tell which VF to reset")
-        return self.vf_plan_without_record(self._vf(conf.vf.device_id))
+        vf = self._vf(conf.vf.device_id)
+        holder = self._holders(records).get(vf.address)
+        if holder is not None and (holder.container_id, holder.ifname) != (env.container_id, env.ifname):
+            return None
+        mark = owner_mark(conf.name, env.container_id, env.ifname)
+        in_pod = False
+        if env.netns and netns_exists(env.netns):
+            try:
+                link = netlink.pod_link(env.netns, env.ifname)
+            except netlink.NetlinkProblem:
+                link = None
+            in_pod = link is not None and link.alias == mark
+        on_host = any(getattr(netlink.host_link(n), "alias", None) == mark
+                      for n in self.sysfs.netdevs_of(vf.address))
+        if not in_pod and not on_host:
+            on_host = any(li.alias == mark for li in netlink.host_links())
+        if not (in_pod or on_host):
+            return None
+        return self.vf_plan_without_record(vf)
 
     @staticmethod
     def vf_plan_without_record(vf: VirtualFunction) -> dict[str, Any]:
@@ -206,7 +240,8 @@ class SriovDriver(Driver):
         netlink.move_to_netns(name, record.netns)
         try:
             netlink.set_pod_link(record.netns, name, new_name=record.ifname, mac=conf.mac,
-                                 mtu=conf.vf.mtu if conf.vf else None)
+                                 mtu=conf.vf.mtu if conf.vf else None,
+                                 alias=owner_mark(record.network, record.container_id, record.ifname))
         except netlink.LinkExists:
             raise CniError(Code.INVALID_ENV,
                            f"invalid CNI_IFNAME={record.ifname!r}: an interface of that name already "
@@ -235,6 +270,9 @@ class SriovDriver(Driver):
         names = self.sysfs.netdevs_of(vf_address)
         current = next((n for n in names if netlink.host_link(n) is not None), None)
         if current is None:
+            mark = owner_mark(record.network, record.container_id, record.ifname)
+            current = next((li.name for li in netlink.host_links() if li.alias == mark), None)
+        if current is None:
             current = self.control.recover_netdev(plan["pf"], plan["vfIndex"], vf_address)
         if current is None:
             raise netlink.LinkNotFound(f"the netdev of VF {vf_address} is in no namespace we can see")
@@ -245,9 +283,10 @@ class SriovDriver(Driver):
 
     def _restore_netdev(self, name: str, netdev: dict[str, Any] | None) -> None:
         if not netdev:
-            netlink.set_host_link(name, up=False)
+            netlink.set_host_link(name, up=False, alias="")
             return
-        netlink.set_host_link(name, mac=netdev["mac"] or None, mtu=netdev["mtu"] or None, up=netdev["up"])
+        netlink.set_host_link(name, mac=netdev["mac"] or None, mtu=netdev["mtu"] or None, up=netdev["up"],
+                              alias=netdev.get("alias") or "")
 
     def _restore_vf(self, plan: dict[str, Any], original: VfState) -> None:
         live = self.control.read(plan["pf"], plan["vfIndex"])

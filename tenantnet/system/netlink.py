@@ -118,6 +118,7 @@ class LinkState:
     up: bool
     kind: str = ""
     addresses: list[str] = field(default_factory=list)  # "10.0.0.2/24"
+    alias: str = ""  # IFLA_IFALIAS: where tenantnet marks the links it owns
 
 
 def _state(rt: Any, name: str, with_addresses: bool = False) -> LinkState | None:
@@ -126,7 +127,8 @@ def _state(rt: Any, name: str, with_addresses: bool = False) -> LinkState | None
     if link is None:
         return None
     return LinkState(name=link.name, index=link.index, mac=link.mac, mtu=link.mtu, up=link.up,
-                     kind=link.kind, addresses=rt.addresses(link.index) if with_addresses else [])
+                     kind=link.kind, addresses=rt.addresses(link.index) if with_addresses else [],
+                     alias=link.alias)
 
 
 def _require_host_thread() -> None:
@@ -149,6 +151,13 @@ def host_link(name: str) -> LinkState | None:
         return _state(_host_rtnl(), name)
 
 
+def host_links() -> list[LinkState]:
+    """Every link of the host namespace (a dump, for GC)."""
+    with _translated("listing host links"):
+        return [LinkState(name=li.name, index=li.index, mac=li.mac, mtu=li.mtu, up=li.up, kind=li.kind,
+                          alias=li.alias) for li in _host_rtnl().links()]
+
+
 def delete_host_link(name: str) -> bool:
     """Delete a host link; False if it was already gone (also when its pair's netns went
     away in between)."""
@@ -157,7 +166,8 @@ def delete_host_link(name: str) -> bool:
 
 
 def create_veth_into_netns(
-    host_name: str, pod_name: str, netns_path: str, *, mtu: int | None, pod_mac: str | None
+    host_name: str, pod_name: str, netns_path: str, *, mtu: int | None, pod_mac: str | None,
+    host_alias: str | None = None,
 ) -> None:
     """A veth pair whose pod end is born inside the pod netns (no costly link move); the
     host end comes up with it, without IPv6 addresses: it is a switch port, and an address
@@ -168,7 +178,7 @@ def create_veth_into_netns(
     try:
         with _translated(f"creating veth {host_name} with peer {pod_name} in {netns_path}"):
             _host_rtnl().create_veth(host_name, pod_name, fd, mtu=mtu, peer_mac=pod_mac,
-                                     ipv6_link_local=False)
+                                     ipv6_link_local=False, alias=host_alias)
     finally:
         os.close(fd)
 
@@ -254,7 +264,7 @@ def move_to_netns(name: str, netns_path: str) -> None:
 
 
 def _set(rt: Any, index: int, *, new_name: str | None = None, mac: str | None = None,
-         mtu: int | None = None, up: bool | None = None) -> None:
+         mtu: int | None = None, up: bool | None = None, alias: str | None = None) -> None:
     if new_name is not None or mac is not None:
         rt.set_link(index, up=False)  # renaming needs the link down
     if new_name is not None:
@@ -263,27 +273,29 @@ def _set(rt: Any, index: int, *, new_name: str | None = None, mac: str | None = 
         rt.set_link(index, mac=mac)
     if mtu is not None:
         rt.set_link(index, mtu=mtu)
+    if alias is not None:
+        rt.set_link(index, alias=alias)
     if up is not None:
         rt.set_link(index, up=up)
 
 
 def set_pod_link(netns_path: str, name: str, *, new_name: str | None = None, mac: str | None = None,
-                 mtu: int | None = None, up: bool | None = None) -> None:
+                 mtu: int | None = None, up: bool | None = None, alias: str | None = None) -> None:
     with open_rtnl(netns_path) as rt, _translated(f"configuring {name} in {netns_path}"):
         link = rt.link(name)
         if link is None:
             raise LinkNotFound(f"interface {name} not found in {netns_path}", errno.ENODEV)
-        _set(rt, link.index, new_name=new_name, mac=mac, mtu=mtu, up=up)
+        _set(rt, link.index, new_name=new_name, mac=mac, mtu=mtu, up=up, alias=alias)
 
 
 def set_host_link(name: str, *, new_name: str | None = None, mac: str | None = None,
-                  mtu: int | None = None, up: bool | None = None) -> None:
+                  mtu: int | None = None, up: bool | None = None, alias: str | None = None) -> None:
     rt = _host_rtnl()
     with _translated(f"configuring host link {name}"):
         link = rt.link(name)
         if link is None:
             raise LinkNotFound(f"link {name} not found in the host namespace", errno.ENODEV)
-        _set(rt, link.index, new_name=new_name, mac=mac, mtu=mtu, up=up)
+        _set(rt, link.index, new_name=new_name, mac=mac, mtu=mtu, up=up, alias=alias)
 
 
 def return_to_host(netns_path: str, name: str, host_name: str) -> bool:

@@ -22,8 +22,40 @@ NETNS_THREAD = "tenantnet-netns"  # the name of threads that have entered a pod 
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
+NS_GET_NSTYPE = 0xB703  # _IO(0xb7, 0x3), linux/nsfs.h: the namespace type of an nsfs fd
+
+
 class NamespaceNotFound(Exception):
     """The netns path does not exist or is not a network namespace."""
+
+
+def pod_netns_problem(path: str) -> str | None:
+    """Why `path` cannot be a pod's network namespace, or None.
+
+    Opened without following a FIFO's open semantics (O_NONBLOCK) and asked its namespace
+    type: a regular file, a directory or a device is no namespace, and the host's own
+    namespace (the plugin's) must never receive a pod's interface."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY)
+    except FileNotFoundError:
+        return "no such network namespace"
+    except OSError as exc:
+        return f"cannot be opened: {exc.strerror}"
+    try:
+        import fcntl
+
+        try:
+            kind = fcntl.ioctl(fd, NS_GET_NSTYPE)
+        except OSError:
+            return "is not a namespace file (nsfs), e.g. /var/run/netns/NAME or /proc/PID/ns/net"
+        if kind != CLONE_NEWNET:
+            return "is a namespace, but not a network namespace"
+        st, own = os.fstat(fd), os.stat("/proc/self/ns/net")
+        if (st.st_dev, st.st_ino) == (own.st_dev, own.st_ino):
+            return "is the host's network namespace; a pod needs its own"
+        return None
+    finally:
+        os.close(fd)
 
 
 def netns_exists(path: str) -> bool:

@@ -348,13 +348,20 @@ class Ovsdb:
         command = api.db_set("Port", name, ("tag", tag)) if tag else api.db_clear("Port", name, "tag")
         self._commit(f"setting the VLAN of port {name}", command)
 
-    def delete_port(self, name: str) -> bool:
-        """Delete a port we own; False if absent. A port not ours is left alone.
+    def delete_port(self, name: str, owner: tuple[str, str] | None = None) -> bool:
+        """Delete a port we own; False if absent. A port not ours is left alone, and with
+        `owner` = (container id, ifname) so is one of ours whose external_ids name another
+        attachment (a representor port now serving another pod).
 
         The ownership check runs inside the deleting transaction, so a port that changes
         hands in between is never removed."""
-        delete = _ovsdbapp_classes().DeleteOwnedPort(self.api, name)
+        delete = _ovsdbapp_classes().DeleteOwnedPort(self.api, name, owner)
         return bool(self._commit(f"deleting port {name}", delete))
+
+
+# The identity keys of a port's external_ids (written by tenantnet.drivers.ovs).
+OWNER_CONTAINER = "tenantnet-container-id"
+OWNER_IFNAME = "tenantnet-ifname"
 
 
 @functools.cache
@@ -387,9 +394,10 @@ def _ovsdbapp_classes() -> SimpleNamespace:
             self.next_cfg = txn.get_increment_new_value() if self.wait else None
 
     class DeleteOwnedPort(command.BaseCommand):  # type: ignore[misc]
-        def __init__(self, api: Any, name: str) -> None:
+        def __init__(self, api: Any, name: str, owner: tuple[str, str] | None) -> None:
             super().__init__(api)
             self.name = name
+            self.owner = owner
 
         def run_idl(self, txn: Any) -> None:
             port = idlutils.row_by_value(self.api.idl, "Port", "name", self.name, None)
@@ -400,6 +408,10 @@ def _ovsdbapp_classes() -> SimpleNamespace:
                 raise OvsdbFailure(f"port {self.name} exists but is not owned by tenantnet "
                                    f"(external_ids:{OWNER_KEY} missing); leaving it alone")
             port.verify("external_ids")
+            ids = port.external_ids
+            if self.owner is not None and (ids.get(OWNER_CONTAINER), ids.get(OWNER_IFNAME)) != self.owner:
+                self.result = False  # ours, but another attachment's now
+                return
             # A "delete" mutation on every bridge (there are few): asking each bridge whether
             # it holds the port would turn its whole `ports` set into Row objects, a cost
             # that grows with the node's ports (≈ 1 ms per 100 here) on every DEL.

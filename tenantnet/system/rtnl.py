@@ -37,6 +37,7 @@ NLA_F_NESTED = 0x8000
 # link attributes
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_NET_NS_PID, IFLA_NET_NS_FD = 1, 3, 4, 18, 19, 28
 IFLA_AF_SPEC, IFLA_INET6_ADDR_GEN_MODE, IN6_ADDR_GEN_MODE_NONE = 26, 8, 1
+IFLA_IFALIAS = 20
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 VETH_INFO_PEER = 1
 IFF_UP = 0x1
@@ -64,6 +65,7 @@ class Link:
     mtu: int
     up: bool
     kind: str
+    alias: str = ""
 
 
 def _nla(kind: int, payload: bytes) -> bytes:
@@ -113,7 +115,8 @@ def _link(body: bytes) -> Link:
     mac = attrs.get(IFLA_ADDRESS, b"")
     return Link(index=index, name=_text(attrs.get(IFLA_IFNAME, b"")),
                 mac=":".join(f"{b:02x}" for b in mac), mtu=struct.unpack("=I", attrs[IFLA_MTU])[0]
-                if IFLA_MTU in attrs else 0, up=bool(flags & IFF_UP), kind=kind)
+                if IFLA_MTU in attrs else 0, up=bool(flags & IFF_UP), kind=kind,
+                alias=_text(attrs.get(IFLA_IFALIAS, b"")))
 
 
 class Rtnl:
@@ -187,13 +190,19 @@ class Rtnl:
             raise
         return True
 
+    def links(self) -> list[Link]:
+        """Every link of the namespace (a dump: for GC, not for the hot path)."""
+        return [_link(body) for kind, body in
+                self._request(RTM_GETLINK, NLM_F_DUMP, _IFINFOMSG.pack(0, 0, 0, 0, 0)) if kind == RTM_NEWLINK]
+
     def create_veth(self, name: str, peer: str, peer_netns_fd: int, *, mtu: int | None = None,
-                    peer_mac: str | None = None, up: bool = True, ipv6_link_local: bool = True) -> None:
+                    peer_mac: str | None = None, up: bool = True, ipv6_link_local: bool = True,
+                    alias: str | None = None) -> None:
         """A veth pair `name` (here) ↔ `peer`, the peer created directly in the namespace
         of `peer_netns_fd`. Without `ipv6_link_local`, `name` never gets an IPv6 address
         (addr_gen_mode none, set before it comes up)."""
         if not ipv6_link_local:
-            self.create_veth(name, peer, peer_netns_fd, mtu=mtu, peer_mac=peer_mac, up=False)
+            self.create_veth(name, peer, peer_netns_fd, mtu=mtu, peer_mac=peer_mac, up=False, alias=alias)
             link = self.link(name)
             if link is None:
                 raise RtnlError(errno.ENODEV, f"{name} vanished right after it was created")
@@ -206,6 +215,8 @@ class Rtnl:
             return
         peer_attrs = [_nla(IFLA_IFNAME, _name(peer)), _nla(IFLA_NET_NS_FD, _u32(peer_netns_fd))]
         own = [_nla(IFLA_IFNAME, _name(name))]
+        if alias:
+            own.append(_nla(IFLA_IFALIAS, alias.encode()))
         if mtu:
             peer_attrs.append(_nla(IFLA_MTU, _u32(mtu)))
             own.append(_nla(IFLA_MTU, _u32(mtu)))
@@ -220,8 +231,10 @@ class Rtnl:
 
     def set_link(self, index: int, *, up: bool | None = None, name: str | None = None,
                  mac: str | None = None, mtu: int | None = None, netns_fd: int | None = None,
-                 netns_pid: int | None = None) -> None:
+                 netns_pid: int | None = None, alias: str | None = None) -> None:
         attrs = []
+        if alias is not None:  # an empty alias clears it
+            attrs.append(_nla(IFLA_IFALIAS, alias.encode()))
         if name is not None:
             attrs.append(_nla(IFLA_IFNAME, _name(name)))
         if mac is not None:

@@ -304,7 +304,7 @@ def podman_env(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Podman]:
     lab = labmod.up(str(root / "lab"))
     pm: Podman | None = None
     try:
-        ipam_dir = root / "ipam"
+        ipam_dir = Path(lab.root) / "ipam" / "e2e"  # inside the lab node's ipamDataDirs
         env = _write_configs(root, lab, network, ipam_dir)
         _make_rootfs(root / "rootfs")
         pm = Podman(root=root, env=env, network=network, cgroup_parent=f"/tenantnet-e2e-{tag}",

@@ -73,7 +73,7 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     try:
         yield Lab(
             root=Path(info.root), node_config=Path(info.node_config), state_dir=Path(info.state_dir),
-            ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=root / "host-local",
+            ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=Path(info.root) / "host-local",
         )
     finally:
         labmod.down(info.root)
@@ -86,7 +86,7 @@ def nic_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     info = labmod.up(str(root / "run"), vfs=6, dpdk_vfs=1)
     try:
         yield Lab(root=Path(info.root), node_config=Path(info.node_config), state_dir=Path(info.state_dir),
-                  ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=root / "host-local")
+                  ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=Path(info.root) / "host-local")
     finally:
         labmod.down(info.root)
 
@@ -98,7 +98,7 @@ def switchdev_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     info = labmod.up(str(root / "run"), vfs=4, switchdev=True)
     try:
         yield Lab(root=Path(info.root), node_config=Path(info.node_config), state_dir=Path(info.state_dir),
-                  ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=root / "host-local")
+                  ovsdb=info.ovsdb, bridge=info.bridge, hostlocal_dir=Path(info.root) / "host-local")
     finally:
         labmod.down(info.root)
 

@@ -224,7 +224,7 @@ def test_agent_sigkilled_during_burst_then_del_of_everything_leaves_nothing(lab,
 
     node = agent_node_config(lab, run_dir)
     agents.append(first := start_agent(node))
-    ipam_dir = run_dir / "ipam"
+    ipam_dir = lab.root / "ipam" / run_dir.name  # the lab node config allows <lab>/ipam
     conf = {"cniVersion": "1.0.0", "name": "burst", "type": "tenantnet", "bridge": lab.bridge, "vlan": 10,
             "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.123.0.0/24"}]],
                      "dataDir": str(ipam_dir)}}

@@ -48,6 +48,12 @@ def sandbox() -> Iterator[tuple[str, str]]:
 
 def call(command: str, config: dict[str, Any], netns: str) -> tuple[int, Any]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
+    # tenantnet-ipam honours only the dataDirs the node config allows: this test's own.
+    data_dir = os.path.dirname(config["ipam"]["dataDir"])
+    node = os.path.join(data_dir, "node.yaml")
+    with open(node, "w") as fh:
+        fh.write(f"ipamDataDirs: [{data_dir}]\nlogFile: {data_dir}/log/tenantnet.log\n")
+    env["TENANTNET_CONFIG"] = node
     env.update(CNI_COMMAND=command, CNI_CONTAINERID=f"ctr-{netns}", CNI_IFNAME="eth0",
                CNI_NETNS=f"/var/run/netns/{netns}",
                # the Go plugin finds its IPAM plugin on CNI_PATH, as libcni arranges
@@ -65,7 +71,7 @@ def test_go_bridge_uses_tenantnet_ipam(tmp_path: Path, sandbox: tuple[str, str])
     config = {
         "cniVersion": "1.0.0", "name": "brnet", "type": "bridge", "bridge": bridge,
         "isGateway": True, "ipMasq": False,
-        "ipam": {"type": "tenantnet-ipam", "dataDir": str(tmp_path),
+        "ipam": {"type": "tenantnet-ipam", "dataDir": str(tmp_path / "store"),
                  "ranges": [[{"subnet": "10.243.17.0/24"}], [{"subnet": "fd00:243:17::/64"}]],
                  # an explicit gw: the Go bridge's CHECK looks for routes exactly as listed
                  "routes": [{"dst": "10.244.0.0/16", "gw": "10.243.17.1"}]},
@@ -82,7 +88,7 @@ def test_go_bridge_uses_tenantnet_ipam(tmp_path: Path, sandbox: tuple[str, str])
     ping = subprocess.run(["ip", "netns", "exec", netns, "ping", "-c1", "-W2", "10.243.17.1"],
                           capture_output=True, text=True, check=False)
     assert ping.returncode == 0, ping.stdout + ping.stderr
-    store = SqliteStore(str(tmp_path))
+    store = SqliteStore(str(tmp_path / "store"))
     try:
         held = store.allocations("brnet")
         assert {(str(a.address), a.container_id) for a in held} == {

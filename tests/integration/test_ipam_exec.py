@@ -34,6 +34,11 @@ def proc_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CNI_")}
     env.pop("PYTHONDONTWRITEBYTECODE", None)
     env["PYTHONPYCACHEPREFIX"] = str(tmp_path_factory.getbasetemp() / "pycache")
+    # The node config's ipamDataDirs decide where a config's dataDir may be: this test's tree.
+    node = tmp_path_factory.getbasetemp() / "ipam-exec-node.yaml"
+    base = tmp_path_factory.getbasetemp()
+    node.write_text(f"ipamDataDirs: [{base}]\nresolvConfPaths: [{base}]\nlogFile: {base}/log/tenantnet.log\n")
+    env["TENANTNET_CONFIG"] = str(node)
     # compile once, before dozens of processes start at the same instant
     subprocess.run([str(IPAM)], env=dict(env, CNI_COMMAND="VERSION"), capture_output=True,
                    check=True)

@@ -176,6 +176,9 @@ def test_status_ok_and_50_when_ovsdb_unreachable(lab, plugin, tmp_path):
 def test_add_with_ovsdb_unreachable_is_try_again_and_leaves_nothing(lab, plugin, netns_factory,
                                                                      tmp_path, no_leftovers):
     ns = netns_factory()
+    node = tmp_path / "node.yaml"  # a NAD may name only endpoints the node config allows
+    node.write_text(lab.node_config.read_text() + f"ovsdbEndpoints: [unix:{tmp_path}/nothing.sock]\n")
+    plugin.extra_env["TENANTNET_CONFIG"] = str(node)
     conf = plugin.conf(socket_file=f"unix:{tmp_path}/nothing.sock")
     inv = plugin.add(conf, ns)
     assert inv.out["code"] == 11 and "nothing.sock" in inv.out["msg"]
@@ -233,7 +236,8 @@ def test_unwritable_state_dir_is_io_failure_and_touches_nothing(lab, plugin, net
     blocked = tmp_path / "state-is-a-file"
     blocked.write_text("not a directory")
     node = tmp_path / "node.yaml"
-    node.write_text(f"ovsdb: {lab.ovsdb}\nstateDir: {blocked}\nlogFile: {tmp_path}/log\n")
+    node.write_text(f"ovsdb: {lab.ovsdb}\nstateDir: {blocked}\nlogFile: {tmp_path}/log\n"
+                    f"ipamDataDirs: [{lab.hostlocal_dir}]\n")
     plugin.extra_env["TENANTNET_CONFIG"] = str(node)
     ns = netns_factory()
     inv = plugin.add(plugin.conf(), ns)

@@ -54,9 +54,10 @@ def ctl(node, *args):
     return subprocess.run([CTL, "--node-config", str(node), *args], capture_output=True, text=True)
 
 
-def files(tmp_path, annotation):
+def files(tmp_path, annotation, lab_root):
     nad = tmp_path / "nads.yaml"
-    nad.write_text(NADS.replace("IPAM", str(tmp_path / "ipam")))
+    # inside the lab node config's ipamDataDirs (<lab>/ipam)
+    nad.write_text(NADS.replace("IPAM", str(lab_root / "ipam" / tmp_path.name)))
     pod = tmp_path / "pod.yaml"
     pod.write_text(POD.replace("ANNOTATION", json.dumps(annotation)))
     return nad, pod
@@ -67,7 +68,7 @@ def test_three_networks_status_and_device_info(nic_lab, tmp_path):
     vf_address = vf["nics"][0]["vfs"][2]["address"]
     annotation = json.dumps([{"name": "rail-ovs", "mac": "02:81:00:00:00:07", "ips": ["10.81.0.50/24"]},
                              {"name": "rail-vf"}, {"name": "storage", "namespace": "ml"}])
-    nad, pod = files(tmp_path, annotation)
+    nad, pod = files(tmp_path, annotation, nic_lab.root)
     up = ctl(nic_lab.node_config, "pod", "up", str(pod), "--nad", str(nad),
              "--devices", f"nvidia.com/rail0={vf_address}")
     assert up.returncode == 0, up.stderr
@@ -88,7 +89,7 @@ def test_three_networks_status_and_device_info(nic_lab, tmp_path):
     assert down.returncode == 0, down.stderr
     assert not Path(p.netns_path).exists()
     assert nic_lab.owned_ports() == [] and nic_lab.records() == []
-    assert list((nic_lab.state_dir / "harness" / "devinfo").glob("*")) == []
+    assert list((nic_lab.root / "devinfo").rglob("*.*")) == []
     left = ctl(nic_lab.node_config, "ipam", "ls", "--data-dir", str(tmp_path / "ipam"), "--json")
     assert json.loads(left.stdout) == []
 
@@ -96,7 +97,7 @@ def test_three_networks_status_and_device_info(nic_lab, tmp_path):
 def test_short_form_and_unwinding_on_failure(nic_lab, tmp_path):
     # The third network names a NAD whose bridge does not exist: Multus-style unwinding must
     # remove the first two and the pod namespace.
-    nad, pod = files(tmp_path, "ml/rail-ovs@net5, storage, broken")
+    nad, pod = files(tmp_path, "ml/rail-ovs@net5, storage, broken", nic_lab.root)
     broken = ('\n---\napiVersion: k8s.cni.cncf.io/v1\nkind: NetworkAttachmentDefinition\n'
               'metadata: {name: broken, namespace: ml}\nspec:\n  config: \'{"cniVersion": "1.0.0", '
               '"type": "tenantnet", "bridge": "br-nowhere", "vlan": 9}\'\n')
@@ -114,7 +115,8 @@ def test_device_info_file_is_merged_and_written_atomically(tmp_path):
     path.parent.mkdir()
     path.write_text(json.dumps({"type": "pci", "version": "1.0.0", "pci": {"pci-address": "old"},
                                 "extra": "kept"}))
-    doc = devinfo.write(str(path), {"pci-address": "0000:3b:00.2", "pf-pci-address": "0000:3b:00.0"})
+    doc = devinfo.write(str(path), {"pci-address": "0000:3b:00.2", "pf-pci-address": "0000:3b:00.0"},
+                        str(tmp_path / "devinfo"))
     assert json.loads(path.read_text()) == doc
     assert doc == {"type": "pci", "version": "1.1.0", "extra": "kept",
                    "pci": {"pci-address": "0000:3b:00.2", "pf-pci-address": "0000:3b:00.0"}}
@@ -124,5 +126,13 @@ def test_device_info_file_is_merged_and_written_atomically(tmp_path):
     from cni.errors import CniError
 
     with pytest.raises(CniError) as err:
-        devinfo.write(str(tmp_path / "a" / ".." / "b"), {})
+        devinfo.write(str(tmp_path / "a" / ".." / "b"), {}, str(tmp_path))
     assert err.value.code == 7 and "CNIDeviceInfoFile" in err.value.msg
+    with pytest.raises(CniError) as err:  # outside the device-info directory
+        devinfo.write(str(tmp_path / "elsewhere"), {}, str(tmp_path / "devinfo"))
+    assert err.value.code == 7 and "allowed directories" in err.value.msg
+    (tmp_path / "devinfo" / "link").symlink_to(tmp_path / "target")
+    with pytest.raises(CniError) as err:  # a symlink is never written through
+        devinfo.write(str(tmp_path / "devinfo" / "link"), {}, str(tmp_path / "devinfo"))
+    assert err.value.code == 7 and not (tmp_path / "target").exists()
+    assert devinfo.remove(str(path), str(tmp_path / "devinfo")) and not path.exists()

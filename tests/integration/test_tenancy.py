@@ -10,6 +10,9 @@ from tests.integration.conftest import new_cid
 
 POLICY = """
 tenancy:
+  networks:
+    rail: {bridge: BRIDGE}
+    sneaky: {bridge: BRIDGE}
   tenants:
     team-a:
       namespaces: [team-a, "team-a-*"]
@@ -29,7 +32,8 @@ tenancy:
 @pytest.fixture
 def policy_node(lab, tmp_path):
     node = tmp_path / "node.yaml"
-    node.write_text(f"ovsdb: {lab.ovsdb}\nstateDir: {lab.state_dir}\nlogFile: {tmp_path}/tn.log\n" + POLICY)
+    node.write_text(f"ovsdb: {lab.ovsdb}\nstateDir: {lab.state_dir}\nlogFile: {tmp_path}/tn.log\n"
+                    f"ipamDataDirs: [{lab.hostlocal_dir}]\n" + POLICY.replace("BRIDGE", lab.bridge))
     return node
 
 

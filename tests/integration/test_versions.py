@@ -98,7 +98,7 @@ def test_own_ipam_in_process_dual_stack_1_1_0(lab, plugin, netns_factory, no_lef
     """ipam.type tenantnet-ipam runs inside the plugin (no exec) and speaks 1.1.0."""
     ns = netns_factory()
     cid = new_cid()
-    data = tmp_path / "ipam"
+    data = lab.root / "ipam" / tmp_path.name  # the lab node config allows <lab>/ipam
     conf = plugin.conf(cniVersion="1.1.0", mtu=1400, ipam={
         "type": "tenantnet-ipam", "dataDir": str(data),
         "ranges": [[{"subnet": "10.55.0.0/24"}], [{"subnet": "fd55::/64"}]],

@@ -14,6 +14,8 @@ from cni.env import parse_env
 from cni.netconf import parse_netconf
 from ipam import cli, plugin
 
+pytestmark = pytest.mark.usefixtures("allow_tmp_ipam")
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="tenantnetctl")

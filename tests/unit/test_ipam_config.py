@@ -15,6 +15,8 @@ from cni.netconf import parse_netconf
 from ipam import plugin
 from ipam.config import DEFAULT_DATA_DIR, parse_ipam
 
+pytestmark = pytest.mark.usefixtures("allow_tmp_ipam")
+
 
 def ip(text: str) -> int:
     return int(ipaddress.ip_address(text))
@@ -159,7 +161,7 @@ BAD: list[tuple[str, dict[str, Any], int, list[str]]] = [
     ("resolvConf relative", {"ranges": R, "resolvConf": "resolv.conf"}, 7,
      ["ipam.resolvConf='resolv.conf'", "absolute path"]),
     ("resolvConf missing", {"ranges": R, "resolvConf": "/nonexistent/resolv.conf"}, 7,
-     ["ipam.resolvConf='/nonexistent/resolv.conf'", "cannot be read"]),
+     ["ipam.resolvConf='/nonexistent/resolv.conf'", "allowed directories"]),
 ]
 
 

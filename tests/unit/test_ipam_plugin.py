@@ -16,6 +16,8 @@ from cni.netconf import parse_netconf
 from ipam import main as ipam_main
 from ipam import plugin
 
+pytestmark = pytest.mark.usefixtures("allow_tmp_ipam")
+
 
 def raw_conf(tmp_path: Path, version: str = "1.0.0", **ipam: Any) -> dict[str, Any]:
     ipam.setdefault("ranges", [[{"subnet": "10.20.0.0/24"}], [{"subnet": "fd00:20::/64"}]])

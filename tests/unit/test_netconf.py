@@ -65,7 +65,8 @@ def test_mode_inference(raw, mode):
 
 def test_ovs_fields_with_ovs_cni_meaning():
     t = tn.parse(conf(vlan=0, trunk=[{"id": 7}, {"minID": 10, "maxID": 12}, {"id": 11}], mtu=9000,
-                      ofport_request=20, socket_file="/run/ovs/db.sock"), ENV, NodeConfig())
+                      ofport_request=20, socket_file="/run/ovs/db.sock"), ENV,
+                 NodeConfig(ovsdb_endpoints=("unix:/run/ovs/db.sock",)))
     assert t.mode == "ovs" and t.ovs is not None
     assert t.ovs.vlan == 0 and t.ovs.trunks == (7, 10, 11, 12)
     assert t.ovs.mtu == 9000 and t.ovs.ofport_request == 20
@@ -73,11 +74,20 @@ def test_ovs_fields_with_ovs_cni_meaning():
 
 
 def test_ovsdb_endpoint_defaults_to_node_config(tmp_path):
-    node = NodeConfig(ovsdb="tcp:127.0.0.1:6640")
+    node = NodeConfig(ovsdb="tcp:127.0.0.1:6640", ovsdb_endpoints=("unix:/elsewhere.sock",),
+                      ovs_configuration_paths=(str(tmp_path),))
     assert tn.parse(conf(), ENV, node).ovs.ovsdb == "tcp:127.0.0.1:6640"
     flat = tmp_path / "ovs.json"
     flat.write_text(json.dumps({"socket_file": "unix:/elsewhere.sock"}))
     assert tn.parse(conf(configuration_path=str(flat)), ENV, node).ovs.ovsdb == "unix:/elsewhere.sock"
+    # an endpoint the node config does not list is refused, from the NAD or from the file
+    flat.write_text(json.dumps({"socket_file": "unix:/other.sock"}))
+    with pytest.raises(CniError) as err:
+        tn.parse(conf(configuration_path=str(flat)), ENV, node)
+    assert err.value.code == 7 and "ovsdbEndpoints" in err.value.msg
+    with pytest.raises(CniError) as err:
+        tn.parse(conf(socket_file="unix:/other.sock"), ENV, node)
+    assert "socket_file='unix:/other.sock'" in err.value.msg
 
 
 def test_mac_precedence_runtime_then_cni_args_then_conf():
@@ -100,7 +110,18 @@ def test_mac_precedence_runtime_then_cni_args_then_conf():
     ({"interface_type": "internal"}, 2, "interface_type='internal'"),
     ({"socket_file": "tcp:host"}, 7, "socket_file='tcp:host'"),
     ({"configuration_path": "relative.json"}, 7, "configuration_path"),
-    ({"configuration_path": "/nonexistent/ovs.json"}, 7, "cannot be read"),
+    ({"configuration_path": "/nonexistent/ovs.json"}, 7, "allowed directories"),
+    ({"configuration_path": "/etc/kubernetes/cni/net.d/ovs.d/../../../../shadow"}, 7, "plain path"),
+    ({"trunk": [{"id": 5, "minID": 1, "maxID": 9}]}, 7, "not both"),
+    ({"bridge": "br0\n"}, 7, "bridge="),
+    ({"logFile": "/etc/evil.log"}, 7, "logFile='/etc/evil.log'"),
+    ({"logFile": "/var/log/tenantnet/sub/x.log"}, 7, "directly in the node's log directory"),
+    ({"runtimeConfig": {"dns": {"servers": "x"}}}, 7, "runtimeConfig.dns.servers='x'"),
+    ({"runtimeConfig": {"ips": "10.0.0.1"}}, 7, "runtimeConfig.ips"),
+    ({"runtimeConfig": {"mac": 5}}, 7, "runtimeConfig.mac=5"),
+    ({"ipam": {"type": "tenantnet"}}, 7, "names tenantnet itself"),
+    ({"ipam": {"type": "host-local", "dataDir": "/etc"}}, 7, "ipam.dataDir='/etc'"),
+    ({"ipam": {"type": "host-local", "resolvConf": "/etc/shadow"}}, 7, "ipam.resolvConf='/etc/shadow'"),
     ({"link_state_check_retries": -1}, 7, "link_state_check_retries=-1"),
     ({"logLevel": "loud"}, 7, "logLevel='loud'"),
     ({"mode": "ovs-offload"}, 7, "needs deviceID"),

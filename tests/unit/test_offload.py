@@ -214,7 +214,8 @@ def record(ns: str, name: str, port: str, mode: str = "ovs", network: str = "rai
                             phase="ready", pod=PodRef(ns, name), plan=plan)
 
 
-POLICY = parse_policy({"tenants": {"a": {"namespaces": ["team-a"], "networks": {"rail-1": {"vlans": [100]}}}}}, "t")
+POLICY = parse_policy({"networks": {"rail-1": {"bridge": "br-rail1"}},
+                       "tenants": {"a": {"namespaces": ["team-a"], "networks": {"rail-1": {"vlans": [100]}}}}}, "t")
 
 
 def tc_report(other_config=None, mode="ovs-offload", sources=()):

@@ -8,7 +8,7 @@ from cni.errors import CniError
 from tenantnet.config import NodeConfig
 from tenantnet.tenancy import decide, load, parse_policy
 
-POLICY = {"tenants": {
+POLICY = {"networks": {"rail": {"bridge": "br-rail"}}, "tenants": {
     "a": {"namespaces": ["team-a", "team-a-*"], "networks": {"rail": {"vlans": [100, "110-112"]}},
           "sriov": {"spoofchk": "required", "trust": "forbidden"}},
     "wide": {"namespaces": ["team-*"], "networks": {"rail": {"vlans": ["300-301"], "default": 301}}},
@@ -35,12 +35,31 @@ def test_decisions():
     assert not decide(p, "team-a", "p", "rail", {}, 100, (100, 300)).allowed
 
 
+N = {"n": {"bridge": "br-n"}}
+
+
 @pytest.mark.parametrize("bad,needle", [
+    # the fabric is the admin's: every granted network is declared, each VLAN of a fabric
+    # belongs to one tenant
+    ({"tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": [5]}}}}}, "network n is not declared"),
+    ({"networks": {"n": {}}, "tenants": {}}, "networks.n"),
+    ({"networks": {"n": {"bridge": "br/x"}}, "tenants": {}}, "networks.n.bridge"),
+    ({"networks": {"n": {"pfs": "ens1"}}, "tenants": {}}, "networks.n.pfs"),
+    ({"networks": {"n": {"bridge": "b", "switch": 1}}, "tenants": {}}, "networks.n"),
+    ({"networks": N, "tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": [5, 6]}}},
+                                 "b": {"namespaces": ["y"], "networks": {"n": {"vlans": ["6-7"]}}}}},
+     "VLAN 6 of bridge br-n"),
+    ({"networks": {"n": {"bridge": "br-n"}, "m": {"bridge": "br-n"}},
+      "tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": [5]}}},
+                  "b": {"namespaces": ["y"], "networks": {"m": {"vlans": [5]}}}}}, "already granted to tenant a"),
+    ({"networks": {"n": {"pfs": ["ens1", "ens2"]}, "m": {"pfs": ["ens2"]}},
+      "tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": [0]}}},
+                  "b": {"namespaces": ["y"], "networks": {"m": {"vlans": [0]}}}}}, "VLAN 0 of PF ens2"),
     ({"tenants": []}, "tenants"),
     ({"tenants": {"a": {"namespaces": []}}}, "tenants.a.namespaces"),
-    ({"tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": [5000]}}}}}, "tenants.a.networks.n.vlans"),
-    ({"tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": ["9-3"]}}}}}, "'9-3'"),
-    ({"tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": [1], "default": 2}}}}}, "default"),
+    ({"networks": N, "tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": [5000]}}}}}, "tenants.a.networks.n.vlans"),
+    ({"networks": N, "tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": ["9-3"]}}}}}, "'9-3'"),
+    ({"networks": N, "tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": [1], "default": 2}}}}}, "default"),
     ({"tenants": {"a": {"namespaces": ["x"], "sriov": {"trust": "maybe"}}}}, "tenants.a.sriov.trust"),
 ])
 def test_invalid_policies_name_the_key(bad, needle):
@@ -51,7 +70,24 @@ def test_invalid_policies_name_the_key(bad, needle):
 
 def test_policy_file(tmp_path):
     f = tmp_path / "policy.yaml"
-    f.write_text("tenancy:\n  tenants:\n    a: {namespaces: [a], networks: {n: {vlans: [7]}}}\n")
+    f.write_text("tenancy:\n  networks: {n: {bridge: br-n}}\n"
+                 "  tenants:\n    a: {namespaces: [a], networks: {n: {vlans: [7]}}}\n")
     policy = load(NodeConfig(tenancy_file=str(f)))
     assert policy is not None and policy.tenants[0].networks["n"].vlans == frozenset({7})
     assert load(NodeConfig()) is None
+
+
+def test_same_vlan_on_two_fabrics_may_go_to_two_tenants():
+    p = parse_policy({"networks": {"n": {"bridge": "br-1"}, "m": {"bridge": "br-2"}},
+                      "tenants": {"a": {"namespaces": ["x"], "networks": {"n": {"vlans": [5]}}},
+                                  "b": {"namespaces": ["y"], "networks": {"m": {"vlans": [5]}}}}}, "x")
+    assert p.networks["n"].modes() == ("ovs",) and p.networks["m"].bridge == "br-2"
+
+
+def test_declared_ovsdb_must_be_allowed_by_the_node():
+    node = NodeConfig(ovsdb="unix:/a.sock", ovsdb_endpoints=("unix:/b.sock",))
+    ok = parse_policy({"networks": {"n": {"bridge": "br", "ovsdb": "/b.sock"}}, "tenants": {}}, "x", node)
+    assert ok.networks["n"].ovsdb == "unix:/b.sock"
+    with pytest.raises(CniError) as err:
+        parse_policy({"networks": {"n": {"bridge": "br", "ovsdb": "unix:/c.sock"}}, "tenants": {}}, "x", node)
+    assert "networks.n.ovsdb" in err.value.msg
