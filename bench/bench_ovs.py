@@ -20,7 +20,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import PLUGIN, interleaved, machine_line, runtime_env, summary, table, write_block  # noqa: E402
+from bench.common import (  # noqa: E402
+    PLUGIN,
+    allow_data_dir,
+    interleaved,
+    machine_line,
+    runtime_env,
+    summary,
+    table,
+    write_block,
+)
 from tenantnet import lab  # noqa: E402
 
 GO_BRIDGE = "/usr/lib/cni/bridge"
@@ -35,7 +44,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tn-bench-"))
     info = lab.up(str(work / "lab"))
     hostlocal = work / "host-local"
-    base_env = runtime_env(info.node_config)
+    node = work / "node.yaml"  # the lab's, letting the bench's dataDirs live under work
+    node.write_text(allow_data_dir(Path(info.node_config).read_text(), work))
+    base_env = runtime_env(str(node))
     ipam = {"type": "host-local", "ranges": [[{"subnet": "10.201.0.0/16"}]], "dataDir": str(hostlocal)}
     ours = {"cniVersion": "1.0.0", "name": "bench-ovs", "type": "tenantnet", "bridge": info.bridge,
             "vlan": 100, "ipam": ipam}

@@ -137,10 +137,17 @@ def stop_agent(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30)
 
 
+def allow_data_dir(node_text: str, work: Path) -> str:
+    """A lab node config that also lets the bench's IPAM dataDirs live under `work`."""
+    lines = [f"{line[:-1]}, {work}]" if line.startswith("ipamDataDirs: [") else line
+             for line in node_text.splitlines()]
+    return "\n".join(lines) + "\n"
+
+
 def node_configs(node_config: str, work: Path) -> tuple[Path, Path]:
     """Two copies of a lab's node config under `work`: one naming the agent socket
     `work/sock/agent.sock` (for start_agent), one naming a socket nobody serves (in-process)."""
-    text = Path(node_config).read_text()
+    text = allow_data_dir(Path(node_config).read_text(), work)
     agent_conf, plain_conf = work / "agent.yaml", work / "plain.yaml"
     agent_conf.write_text(text + f"agentSocket: {work}/sock/agent.sock\n")
     plain_conf.write_text(text + f"agentSocket: {work}/none/agent.sock\n")

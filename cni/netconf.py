@@ -49,37 +49,42 @@ class NetConf:
 
 MAX_STDIN_BYTES = 1 << 20
 MAX_NESTING = 64
-_OPENERS = frozenset(b"[{")
-_CLOSERS = frozenset(b"]}")
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_STRING = re.compile(r'"(?:[^"\\]|\\.)*"', re.DOTALL)
+_BRACKETS = re.compile(r"[\[\]{}]")
 
 
-def nesting_depth(data: bytes) -> int:
-    """How deeply arrays and objects nest in the JSON text `data` (strings skipped), without
+def nesting_depth(text: str) -> int:
+    """How deeply arrays and objects nest in the JSON text (strings skipped), without
     recursion: the stdlib decoder would recurse once per level and a hostile config of
     100,000 brackets would end in RecursionError instead of a decode error."""
     depth = deepest = 0
-    for ch in _STRING.sub(b"", data):
-        if ch in _OPENERS:
+    for ch in _BRACKETS.findall(_STRING.sub("", text)):
+        if ch in "[{":
             depth += 1
             if depth > deepest:
                 deepest = depth
-        elif ch in _CLOSERS:
+        else:
             depth -= 1
     return deepest
 
 
 def decode_json(data: bytes | str) -> dict[str, Any]:
     """stdin as a JSON object (bounded in size and nesting), or code 6."""
-    raw = data.encode("utf-8", "surrogateescape") if isinstance(data, str) else data
-    if len(raw) > MAX_STDIN_BYTES:
-        raise CniError(Code.DECODE_FAILURE, f"network config on stdin is {len(raw)} bytes; at most "
+    size = len(data.encode("utf-8", "surrogateescape")) if isinstance(data, str) else len(data)
+    if size > MAX_STDIN_BYTES:
+        raise CniError(Code.DECODE_FAILURE, f"network config on stdin is {size} bytes; at most "
                                             f"{MAX_STDIN_BYTES} allowed")
-    if raw.count(b"[") + raw.count(b"{") > MAX_NESTING and nesting_depth(raw) > MAX_NESTING:
+    try:
+        # As json.loads does for bytes (UTF-8, -16 or -32), but decoded once here so that
+        # the nesting is measured on the text the decoder will see.
+        text = data if isinstance(data, str) else data.decode(json.detect_encoding(data), "surrogatepass")
+    except (UnicodeDecodeError, LookupError) as exc:
+        raise CniError(Code.DECODE_FAILURE, f"cannot decode network config from stdin: {exc}") from None
+    if text.count("[") + text.count("{") > MAX_NESTING and nesting_depth(text) > MAX_NESTING:
         raise CniError(Code.DECODE_FAILURE, f"network config on stdin nests arrays/objects more than "
                                             f"{MAX_NESTING} levels deep")
     try:
-        obj = json.loads(raw)
+        obj = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise CniError(Code.DECODE_FAILURE, f"cannot decode network config from stdin: {exc}") from None
     if not isinstance(obj, dict):

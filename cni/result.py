@@ -78,12 +78,15 @@ class DNS:
             raise CniError(Code.DECODE_FAILURE, f"{where} must be an object, got {raw!r}")
 
         def strings(key: str) -> list[str]:
-            value = raw.get(key) or []
+            value = raw.get(key)
+            if value is None:
+                return []
             if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
                 raise CniError(Code.DECODE_FAILURE, f"{where}.{key} must be a list of strings")
             return list(value)
 
-        domain = raw.get("domain") or ""
+        domain = raw.get("domain")
+        domain = "" if domain is None else domain
         if not isinstance(domain, str):
             raise CniError(Code.DECODE_FAILURE, f"{where}.domain must be a string")
         return cls(strings("nameservers"), domain, strings("search"), strings("options"))
@@ -163,32 +166,36 @@ class Result:
             return cls._parse(raw, where)
         except CniError:
             raise
-        except (ValueError, TypeError, KeyError, AttributeError) as exc:
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError) as exc:
             raise CniError(Code.DECODE_FAILURE, f"cannot decode {where}: {exc}") from None
 
     @classmethod
     def _parse(cls, raw: dict[str, Any], where: str) -> Result:
+        if raw.get("cniVersion") is not None and not isinstance(raw["cniVersion"], str):
+            raise ValueError(f"cniVersion must be a string, got {raw['cniVersion']!r}")
         interfaces = []
-        for i in raw.get("interfaces") or []:
+        for i in _items(raw, "interfaces"):
             name = i["name"]
             if not isinstance(name, str):
                 raise ValueError(f"interfaces[].name must be a string, got {name!r}")
             interfaces.append(
                 Interface(
                     name=name,
-                    mac=str(i.get("mac") or ""),
-                    mtu=int(i.get("mtu") or 0),
-                    sandbox=str(i.get("sandbox") or ""),
-                    socket_path=str(i.get("socketPath") or ""),
-                    pci_id=str(i.get("pciID") or ""),
+                    mac=_text(i, "mac"),
+                    mtu=_count(i, "mtu"),
+                    sandbox=_text(i, "sandbox"),
+                    socket_path=_text(i, "socketPath"),
+                    pci_id=_text(i, "pciID"),
                 )
             )
         ips = []
-        for ip in raw.get("ips") or []:
+        for ip in _items(raw, "ips"):
             iface = ip.get("interface")
             if iface is not None and (not isinstance(iface, int) or iface < 0):
                 raise ValueError(f"ips[].interface must be a non-negative integer, got {iface!r}")
             gw = ip.get("gateway")
+            if not isinstance(ip.get("address"), str) or (gw is not None and not isinstance(gw, str)):
+                raise ValueError("ips[].address and ips[].gateway must be address strings")
             ips.append(
                 IPConfig(
                     address=ipaddress.ip_interface(ip["address"]),
@@ -197,17 +204,47 @@ class Result:
                 )
             )
         routes = []
-        for r in raw.get("routes") or []:
+        for r in _items(raw, "routes"):
             gw = r.get("gw")
+            if not isinstance(r.get("dst"), str) or (gw is not None and not isinstance(gw, str)):
+                raise ValueError("routes[].dst and routes[].gw must be address strings")
             routes.append(
                 Route(
                     dst=ipaddress.ip_network(r["dst"], strict=False),
                     gw=ipaddress.ip_address(gw) if gw else None,
-                    mtu=int(r.get("mtu") or 0),
-                    advmss=int(r.get("advmss") or 0),
-                    priority=int(r.get("priority") or 0),
-                    table=int(r["table"]) if r.get("table") is not None else None,
-                    scope=int(r["scope"]) if r.get("scope") is not None else None,
+                    mtu=_count(r, "mtu"),
+                    advmss=_count(r, "advmss"),
+                    priority=_count(r, "priority"),
+                    table=_count(r, "table") if r.get("table") is not None else None,
+                    scope=_count(r, "scope") if r.get("scope") is not None else None,
                 )
             )
         return cls(interfaces, ips, routes, DNS.from_dict(raw.get("dns"), f"{where}.dns"))
+
+
+def _items(raw: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    """A result's list of objects (interfaces, ips, routes): type-checked, it is caller input."""
+    value = raw.get(key)
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise ValueError(f"{key} must be a list of objects")
+    return value
+
+
+def _text(obj: dict[str, Any], key: str) -> str:
+    value = obj.get(key)
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(f"{key} must be a string, got {value!r}")
+    return value
+
+
+def _count(obj: dict[str, Any], key: str) -> int:
+    value = obj.get(key)
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 32:
+        raise ValueError(f"{key} must be an integer from 0 to 4294967295, got {value!r}")
+    return value

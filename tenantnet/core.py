@@ -14,8 +14,10 @@ from __future__ import annotations
 import os
 import signal
 import time
+from collections.abc import Iterator
 from concurrent import futures
 from concurrent.futures import Future
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -88,12 +90,19 @@ class Plugin:
         with self._locked(env):
             return self._add(env, conf, tconf, driver)
 
-    def _locked(self, env: CniEnv) -> Any:
+    @contextmanager
+    def _locked(self, env: CniEnv) -> Iterator[None]:
+        """Every call for this (container id, ifname) runs alone, across processes."""
+        lock = self.records.lock(env.container_id, env.ifname)
         try:
-            return self.records.lock(env.container_id, env.ifname)
+            lock.__enter__()
         except OSError as exc:
             raise CniError(Code.IO_FAILURE, f"cannot take the attachment lock under "
                                             f"{self.records.state_dir}: {exc.strerror or exc}") from None
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
 
     def _add(self, env: CniEnv, conf: NetConf, tconf: tnconf.TenantnetConf,
              driver: drivers.Driver) -> dict[str, Any]:

@@ -90,7 +90,7 @@ def test_three_networks_status_and_device_info(nic_lab, tmp_path):
     assert not Path(p.netns_path).exists()
     assert nic_lab.owned_ports() == [] and nic_lab.records() == []
     assert list((nic_lab.root / "devinfo").rglob("*.*")) == []
-    left = ctl(nic_lab.node_config, "ipam", "ls", "--data-dir", str(tmp_path / "ipam"), "--json")
+    left = ctl(nic_lab.node_config, "ipam", "ls", "--data-dir", str(nic_lab.root / "ipam" / tmp_path.name), "--json")
     assert json.loads(left.stdout) == []
 
 
