@@ -28,6 +28,18 @@ _KNOWN_ARGS = {
     "IP",
 }
 _TRUE = {"1", "true", "True", "TRUE"}
+# The pod identity, in the shapes Kubernetes and podman give it (podman passes its container
+# name as K8S_POD_NAME, which may hold '_' and capitals). These end up in OVS external_ids,
+# logs and the tenancy decision, so anything else — '/', whitespace, control characters,
+# over-long values — is refused rather than passed on.
+_POD_FIELDS = {
+    "K8S_POD_NAMESPACE": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"),
+                          "a namespace name (at most 63 letters, digits, '-', '_', '.')"),
+    "K8S_POD_NAME": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}"),
+                     "a pod name (at most 253 letters, digits, '-', '_', '.')"),
+    "K8S_POD_UID": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}"), "letters, digits, '-', '_' (a UID)"),
+    "K8S_POD_INFRA_CONTAINER_ID": (re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,199}"), "a container id"),
+}
 
 
 def mac_problem(value: str) -> str | None:
@@ -74,6 +86,11 @@ def parse_cni_args(text: str) -> CniArgs:
                 f"invalid CNI_ARGS: unknown key(s) {', '.join(unknown)}; known: "
                 f"{', '.join(sorted(_KNOWN_ARGS))} (or pass IgnoreUnknown=1)",
             )
+    for key, (shape, allowed) in _POD_FIELDS.items():
+        value = pairs.get(key, "")
+        if value and not shape.fullmatch(value):
+            shown = value if len(value) <= 80 else value[:77] + "..."
+            raise CniError(Code.INVALID_ENV, f"invalid CNI_ARGS: {key}={shown!r}: must be {allowed}")
     mac = pairs.get("MAC", "")
     if mac:
         problem = mac_problem(mac)

@@ -45,7 +45,7 @@ def ifname_problem(value: str) -> str | None:
     if value in (".", ".."):
         return "must not be '.' or '..'"
     for ch in value:
-        if ch in "/:" or ch.isspace() or ord(ch) < 0x20 or ord(ch) == 0x7F:
+        if ch in "/:" or ch.isspace() or not ch.isprintable():
             return f"must not contain {ch!r} (no '/', ':', whitespace or control characters)"
     return None
 

@@ -62,7 +62,7 @@ def netns_exists(path: str) -> bool:
     if not path:
         return False
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except OSError:
         return False
     os.close(fd)
@@ -72,7 +72,7 @@ def netns_exists(path: str) -> bool:
 def open_netns_fd(path: str) -> int:
     """A file descriptor of the network namespace at `path` (the caller closes it)."""
     try:
-        return os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        return os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
     except FileNotFoundError:
         raise NamespaceNotFound(f"network namespace {path} does not exist") from None
     except OSError as exc:

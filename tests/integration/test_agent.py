@@ -21,17 +21,29 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
 from tenantnet import agent as agentmod
 from tenantnet import shim
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, new_cid
+
+T = TypeVar("T")
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.02) -> T:
+    """Poll `predicate` until it returns something true (returned); fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not (value := predicate()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+    return value
 
 
 @dataclass
@@ -75,16 +87,20 @@ def start_agent(node_config: Path, *args: str, wait: bool = True) -> AgentProces
                                  "run", *args], stdout=subprocess.DEVNULL, stderr=err)
     handle = AgentProcess(proc, socket_path, node_config, log)
     if wait:
-        deadline = time.monotonic() + 20
-        while True:
+        def answers() -> bool:
             try:
                 handle.status()
-                break
+                return True
             except (shim.AgentUnavailable, shim.AgentFailed):
-                if proc.poll() is not None or time.monotonic() > deadline:
-                    handle.kill()
-                    raise AssertionError(f"agent did not come up: {log.read_text()}") from None
-                time.sleep(0.05)
+                if proc.poll() is not None:
+                    raise AssertionError(f"it exited with code {proc.returncode}") from None
+                return False
+
+        try:
+            wait_until(answers, 20, "the agent to answer STATUS")
+        except AssertionError as exc:
+            handle.kill()
+            raise AssertionError(f"agent did not come up ({exc}): {log.read_text()}") from None
     return handle
 
 
@@ -150,7 +166,18 @@ def test_over_limit_requests_get_code_11_promptly(lab, run_dir, agents):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(a.socket)
         idle.append(s)
-    time.sleep(0.2)
+
+    def probe_rejected() -> bool:
+        # The agent accepts in order: once a probe after them is refused as busy, both idle
+        # clients were admitted. (A probe admitted before that is answered and counts nothing.)
+        try:
+            a.status()
+            return False
+        except shim.AgentFailed as exc:
+            assert "busy" in str(exc), exc
+            return True
+
+    wait_until(probe_rejected, 10, "both idle clients to be in flight")
     try:
         code, out, elapsed = call(shim_env(node, "ADD", CNI_CONTAINERID=new_cid(), CNI_IFNAME="net1",
                                            CNI_NETNS="/run/netns/none"),
@@ -160,15 +187,15 @@ def test_over_limit_requests_get_code_11_promptly(lab, run_dir, agents):
     finally:
         for s in idle:
             s.close()
-    deadline = time.monotonic() + 10
-    while True:  # the agent notices the closed idle connections within its read time-out
+    def status_when_free() -> dict[str, Any] | None:
         try:
-            report = a.status()
-            break
+            return a.status()
         except shim.AgentFailed:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
-    assert report["rejected"] >= 1 and report["maxInflight"] == 2
+            return None
+
+    # the agent notices the closed idle connections within its read time-out
+    report = wait_until(status_when_free, 10, "the agent to free the idle clients' slots")
+    assert report["rejected"] >= 2 and report["maxInflight"] == 2  # the busy probe and the ADD
     code, out, _ = call(shim_env(node, "VERSION"), b"{}")
     assert code == 0 and out["supportedVersions"]
 
@@ -188,10 +215,12 @@ def test_stalled_agent_makes_the_shim_give_up_with_code_11(lab, run_dir, agents,
     assert code == 1 and out["code"] == 11 and "did not answer within 1s" in out["msg"], out
     assert elapsed < 4
     # The queued request expired in the agent instead of attaching for a caller long gone.
-    deadline = time.monotonic() + 10
-    while a.status()["expired"] != 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert a.status()["expired"] == 1 and a.status()["served"] == 0
+    def once_expired() -> dict[str, Any] | None:
+        report = a.status()
+        return report if report["expired"] else None
+
+    report = wait_until(once_expired, 10, "the queued request to expire")
+    assert report["expired"] == 1 and report["served"] == 0
     code, _, _ = call(shim_env(node, "DEL", CNI_CONTAINERID=cid, CNI_IFNAME="net1", CNI_NETNS=""), conf)
     assert code == 0 and lab.records() == []
 

@@ -24,8 +24,13 @@ def test_result_shape_per_version(lab, plugin, netns_factory, no_leftovers, vers
     res = inv.out
     assert res["cniVersion"] == version
     assert set(res) <= {"cniVersion", "interfaces", "ips", "routes", "dns"}
-    for iface in res["interfaces"]:
-        assert set(iface) <= {"name", "mac", "sandbox"}  # mtu/pciID/socketPath are 1.1.0 only
+    # mtu/pciID/socketPath are 1.1.0 only: before it the pod interface has no mtu, even with
+    # one configured (and set on the link); the host interface never has a sandbox.
+    host, pod = res["interfaces"]
+    assert set(host) == {"name", "mac"}
+    link = pod_link(ns)
+    assert link["mtu"] == 1400
+    assert pod == {"name": "net1", "mac": link["address"], "sandbox": ns.path}
     ip = res["ips"][0]
     if version in LEGACY:
         assert ip["version"] == "4"
@@ -43,9 +48,17 @@ def test_result_shape_1_1_0(lab, plugin, netns_factory, no_leftovers):
     inv = plugin.add(conf, ns, cid)
     assert inv.code == 0, inv.stdout
     host, pod = inv.out["interfaces"]
-    assert pod["mtu"] == 1400 and pod["sandbox"] == ns.path and host["mtu"] if "mtu" in host else True
+    assert set(host) == {"name", "mac"}  # the OVS host end: no mtu reported, no sandbox
+    link = pod_link(ns)
+    assert link["mtu"] == 1400
+    assert pod == {"name": "net1", "mac": link["address"], "mtu": 1400, "sandbox": ns.path}
     assert "ips" not in inv.out
     assert plugin.call("DEL", conf, cid, ns.path).code == 0
+
+
+def pod_link(ns) -> dict:
+    """The pod's `net1` as the kernel has it (`ip -j link`)."""
+    return json.loads(ns.run("ip", "-j", "link", "show", "net1", check=True).stdout)[0]
 
 
 def test_version_command(plugin):
