@@ -278,8 +278,8 @@ class Plugin:
             return None
         try:
             plan = driver.plan_without_record(tconf, env, self.records)
-        except CniError as err:
-            self.log.warning("del.cannot_plan", network=conf.name, error=err.msg)
+        except Exception as exc:  # DEL must succeed: what we cannot find, we cannot own
+            self.log.warning("del.cannot_plan", network=conf.name, error=getattr(exc, "msg", str(exc)))
             return None
         if plan is None:
             # Nothing on the node provably belongs to this (container id, ifname): never

@@ -17,6 +17,9 @@ from cni.result import Result
 from tenantnet.settings import DELEGATION_ENV
 
 OWN_IPAM = "tenantnet-ipam"
+# The spec's codes an IPAM plugin's error keeps; any other becomes 104 (IPAM plugin failed).
+_PASSED_ON = {Code.INCOMPATIBLE_VERSION, Code.UNSUPPORTED_FIELD, Code.UNKNOWN_CONTAINER, Code.INVALID_ENV,
+              Code.IO_FAILURE, Code.DECODE_FAILURE, Code.INVALID_CONFIG, Code.TRY_AGAIN_LATER}
 EXEC_TIMEOUT = 60.0
 
 
@@ -121,6 +124,9 @@ def _exec(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any]) -> dict[str,
         except (ValueError, AttributeError, TypeError):
             code, msg = int(Code.IPAM_PLUGIN_FAILED), out or proc.stderr.decode(errors="replace").strip()
             details = ""
+        if code not in _PASSED_ON:
+            # Another plugin's own codes mean nothing in tenantnet's table (docs/errors.md).
+            msg, code = f"{msg} (its code {code})", int(Code.IPAM_PLUGIN_FAILED)
         raise CniError(code, f"IPAM plugin {ipam_type} {call.command} failed: {msg}", details)
     if not out:
         return None

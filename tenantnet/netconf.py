@@ -7,6 +7,7 @@ Field names and meanings follow ovs-cni (`bridge`, `vlan`, `trunk`, `mtu`, `mac`
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from tenantnet import settings
 from tenantnet.config import NodeConfig
 
 MODES = ("ovs", "sriov", "ovs-offload")
+_DNS_WORD = re.compile(r"[!-~]{1,253}")  # printable ASCII, no whitespace: a resolv.conf word
 _BRIDGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}")  # fullmatch ("$" allows a final "\n")
 
 
@@ -178,11 +180,27 @@ def _strings(where: str, value: Any) -> list[str]:
     return list(value)
 
 
+def _check_dns(where: str, servers: list[str], searches: list[str], options: list[str]) -> None:
+    """Every server an address, every search domain and option one printable word: the
+    result's DNS ends up in a resolv.conf, where a newline would add lines of its own."""
+    for i, server in enumerate(servers):
+        try:
+            ipaddress.ip_address(server)
+        except ValueError:
+            raise invalid_config(f"{where}.servers[{i}]", server, "must be an IP address") from None
+    for key, words in (("searches", searches), ("options", options)):
+        for i, word in enumerate(words):
+            if not _DNS_WORD.fullmatch(word):
+                raise invalid_config(f"{where}.{key}[{i}]", word,
+                                     "must be one word of printable characters (no whitespace)")
+
+
 def _dns(conf: NetConf) -> DNS:
     try:
         dns = DNS.from_dict(conf.raw.get("dns"), "dns") if conf.raw.get("dns") else DNS()
     except CniError as err:
         raise CniError(Code.INVALID_CONFIG, f"invalid network config: {err.msg}") from None
+    _check_dns("dns", dns.nameservers, dns.search, dns.options)
     rt = conf.runtime("dns")
     if rt is None:
         return dns
@@ -192,6 +210,7 @@ def _dns(conf: NetConf) -> DNS:
     servers = _strings("runtimeConfig.dns.servers", ci_get(rt, "servers"))
     searches = _strings("runtimeConfig.dns.searches", ci_get(rt, "searches"))
     options = _strings("runtimeConfig.dns.options", ci_get(rt, "options"))
+    _check_dns("runtimeConfig.dns", servers, searches, options)
     if servers:
         dns.nameservers = servers
     if searches:

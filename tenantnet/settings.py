@@ -21,12 +21,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 from dataclasses import replace
 from typing import Any
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code, invalid_config
-from cni.hostfiles import confined, read_confined
+from cni.hostfiles import confined, read_confined, within
 from cni.netconf import NetConf, ci_get
 from tenantnet.config import NodeConfig, normalise_ovsdb_endpoint
 
@@ -54,6 +55,16 @@ def log_settings(raw: dict[str, Any], node: NodeConfig) -> tuple[str, str]:
             raise invalid_config("logFile", log_file, f"must be a file directly in the node's log "
                                                       f"directory {node.log_dir} (a name of letters, "
                                                       "digits, '_', '.', '-')")
+        try:
+            st = os.lstat(log_file)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise invalid_config("logFile", log_file, f"cannot be checked: {exc.strerror}") from None
+        else:
+            if not stat.S_ISREG(st.st_mode):
+                raise invalid_config("logFile", log_file, "exists and is not a regular file (a symlink, "
+                                                          "FIFO, device or directory is never written to)")
     chosen_level = "error" if level == "panic" else (level or node.log_level)
     return (log_file or node.log_file), chosen_level
 
@@ -119,15 +130,26 @@ def ipam_type(conf: NetConf) -> str:
     return value
 
 
+# Where IPAM plugins we know keep their state when the config names no dataDir.
+DEFAULT_DATA_DIRS = {"host-local": "/var/lib/cni/networks", "tenantnet-ipam": "/var/lib/tenantnet/ipam"}
+
+
 def ipam_paths(ipam: dict[str, Any], node: NodeConfig) -> None:
     """`dataDir` and `resolvConf` of any IPAM type: tenantnet hands them to the IPAM plugin it
-    runs as root, so they are confined like its own paths."""
+    runs as root, so they are confined like its own paths — and checked here, before the
+    plugin runs, because another plugin would follow a symlink or block on a FIFO."""
     if not isinstance(ipam, dict):
         return
     if ipam.get("dataDir") not in (None, ""):
         confined("ipam.dataDir", ipam["dataDir"], node.ipam_data_dirs, "a directory")
+    else:
+        default = DEFAULT_DATA_DIRS.get(ipam.get("type", ""))
+        if default is not None and not within(default, node.ipam_data_dirs):
+            raise invalid_config("ipam.dataDir", None, f"is not set, and {ipam['type']}'s default {default} "
+                                                       "is not one of the node config's ipamDataDirs "
+                                                       f"({', '.join(node.ipam_data_dirs)}); set it")
     if ipam.get("resolvConf") not in (None, ""):
-        confined("ipam.resolvConf", ipam["resolvConf"], node.resolv_conf_paths, "a file")
+        read_confined("ipam.resolvConf", ipam["resolvConf"], node.resolv_conf_paths, "a file")
 
 
 def delegation_depth(environ: Any) -> int:

@@ -121,8 +121,10 @@ class OvsOffloadDriver(SriovDriver):
                             records: Any = None) -> dict[str, Any] | None:
         """The VF as in mode sriov (only if it carries our mark); the representor's port is
         deleted only if its external_ids name this (container id, ifname)."""
-        assert conf.ovs is not None and conf.vf is not None and conf.vf.device_id
-        vf = self.sysfs.vf(conf.vf.device_id)
+        assert conf.ovs is not None and conf.vf is not None
+        if not conf.vf.device_id:
+            raise CniError(Code.INVALID_CONFIG, "no record and no deviceID: cannot tell which VF to reset")
+        vf = self._vf(conf.vf.device_id)
         plan = super().plan_without_record(conf, env, records)
         port_only = plan is None
         if port_only:
