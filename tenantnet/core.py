@@ -12,7 +12,6 @@ The core is a library: the `tenantnet` executable only turns env + stdin into a 
 from __future__ import annotations
 
 import os
-import signal
 import time
 from collections.abc import Iterator
 from concurrent import futures
@@ -27,7 +26,7 @@ from cni.errors import CniError, Code
 from cni.log import get as get_log
 from cni.netconf import NetConf, parse_netconf, valid_attachments
 from cni.result import DNS, Interface, IPConfig, Result, Route
-from tenantnet import config, devinfo, ipam_client, settings
+from tenantnet import config, devinfo, faults, ipam_client, settings
 from tenantnet import netconf as tnconf
 from tenantnet.config import NodeConfig
 from tenantnet.drivers import base as drivers
@@ -42,19 +41,12 @@ from tenantnet.system import netlink, ovsdb
 from tenantnet.system.netns import NamespaceNotFound, pod_netns_problem
 
 RECORD_VERSION = "1.1.0"  # results are kept in the newest shape and converted on output
-FAULT_ENV = "TENANTNET_TEST_FAULT"
 STEP_IPAM = "ipam"
 STEP_DEVINFO = "devinfo"
 RESERVE_BYTES = 1 << 20  # given up on a full state filesystem so that a rollback can write
 # IPAM errors that say "this config is not acceptable" rather than "try again".
 _IPAM_REFUSED_CONFIG = {Code.INCOMPATIBLE_VERSION, Code.UNSUPPORTED_FIELD, Code.DECODE_FAILURE,
                         Code.INVALID_CONFIG}
-
-
-def _fault(point: str) -> None:
-    """Test-only crash injection: SIGKILL ourselves at a named point of ADD."""
-    if os.environ.get(FAULT_ENV) == point:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def system_error(exc: BaseException, doing: str) -> CniError:
@@ -146,24 +138,25 @@ class Plugin:
             except OSError as exc:
                 raise CniError(Code.IO_FAILURE, f"cannot write the attachment record under "
                                                 f"{self.records.root}: {exc.strerror or exc}") from None
-        _fault("after-record")
+        faults.step("add.recorded")
         started = time.perf_counter()
         record.progress = set()
         pending: Future[Any] | None = None
         try:
             attached = driver.attach(record, tconf)
             pending = attached.pending
-            _fault("after-attach")
+            faults.step("add.attached")
             if tconf.device_info_file and attached.device_info:
                 record.mark(STEP_DEVINFO)
                 devinfo.write(tconf.device_info_file, attached.device_info, self.node.device_info_dir)
+                faults.step("add.devinfo-written")
             ipam_result = Result()
             if tconf.ipam_type:
                 got = ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "ADD"), conf.raw, self.node)
                 # A failed IPAM ADD allocated nothing (the spec makes the plugin clean up).
                 record.mark(STEP_IPAM)
                 ipam_result = got or Result()
-            _fault("after-ipam")
+            faults.step("add.ipam-done")
             if attached.has_netdev:
                 pod_state = netlink.configure_pod_interface(
                     env.netns, attached.pod_ifname, _address_plan(ipam_result)
@@ -172,6 +165,7 @@ class Plugin:
                                 sandbox=env.netns, pci_id=attached.pci_id)
             else:
                 pod = Interface(name=attached.pod_ifname, sandbox=env.netns, pci_id=attached.pci_id)
+            faults.step("add.pod-configured")
             result = _assemble(conf.prev_result, attached.host, pod, ipam_result, tconf.dns)
             if pending is not None:
                 pending.result()  # the driver's background step: its failure fails the ADD
@@ -179,6 +173,7 @@ class Plugin:
             record.result = result.to_dict(RECORD_VERSION)
             # The file exists already: its directory entry need not be made durable again.
             self.records.save(record, new_file=False)
+            faults.step("add.ready")
         except BaseException as exc:
             if pending is not None:
                 futures.wait([pending])  # the rollback must not race the driver's background step
@@ -259,6 +254,7 @@ class Plugin:
             if record is None:
                 self.log.info("del.nothing", network=conf.name, container_id=env.container_id,
                               ifname=env.ifname)
+                self.records.remove(conf.name, env.container_id, env.ifname)  # a crashed save's temp file
                 return
         driver = drivers.for_mode(record.mode, self.node)
         try:
@@ -304,6 +300,7 @@ class Plugin:
             )
             try:
                 ipam_client.run(ipam_conf["type"], call, record.conf, self.node)
+                faults.step("del.ipam-released")
             except CniError as err:
                 if err.code not in _IPAM_REFUSED_CONFIG:
                     raise  # transient: keep the record so a later DEL or GC retries
@@ -314,9 +311,11 @@ class Plugin:
                                  code=err.code, error=err.msg)
         if not record.plan.get("nothingOwned"):
             driver.detach(record)
+            faults.step("del.detached")
         devinfo_file = record.plan.get("deviceInfoFile")
         if isinstance(devinfo_file, str) and (record.progress is None or STEP_DEVINFO in record.progress):
             devinfo.remove(devinfo_file, self.node.device_info_dir)
+            faults.step("del.devinfo-removed")
         try:
             self.records.remove(*record.key)
         except ValueError:
@@ -418,6 +417,9 @@ class Plugin:
             doomed += driver.orphans(conf.name, keep, recorded, hint)
         except (CniError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
             problems.append(system_error(exc, "looking for unrecorded OVS ports"))
+        for left in self.records.sweep_temp(conf.name):
+            self.log.info("gc.temp_removed", path=left)
+        faults.step("gc.listed")
         for record in doomed:
             try:
                 self._teardown(record, None, drivers.for_mode(record.mode, self.node),

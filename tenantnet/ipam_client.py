@@ -14,6 +14,7 @@ from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.netconf import parse_netconf
 from cni.result import Result
+from tenantnet import faults
 from tenantnet.settings import DELEGATION_ENV
 
 OWN_IPAM = "tenantnet-ipam"
@@ -103,10 +104,7 @@ def _exec(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any]) -> dict[str,
     # A delegate that (through any chain) runs tenantnet again is refused there.
     env[DELEGATION_ENV] = "1"
     try:
-        proc = subprocess.run(
-            [plugin], input=json.dumps(conf_raw).encode(), env=env,
-            capture_output=True, timeout=EXEC_TIMEOUT, check=False,
-        )
+        proc = _run_child(plugin, json.dumps(conf_raw).encode(), env)
     except subprocess.TimeoutExpired:
         raise CniError(
             Code.TRY_AGAIN_LATER,
@@ -136,6 +134,27 @@ def _exec(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any]) -> dict[str,
         raise CniError(Code.IPAM_PLUGIN_FAILED,
                        f"IPAM plugin {ipam_type} printed something that is not JSON: {out[:200]!r}") from None
     return parsed if isinstance(parsed, dict) else None
+
+
+def _run_child(plugin: str, stdin: bytes, env: dict[str, str]) -> subprocess.CompletedProcess[bytes]:
+    """The IPAM plugin as a child process, bounded in time; killed if it overruns."""
+    with subprocess.Popen([plugin], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, env=env) as child:
+        assert child.stdin is not None
+        try:
+            child.stdin.write(stdin)  # an IPAM plugin reads its whole config first
+            child.stdin.close()
+        except BrokenPipeError:
+            pass
+        child.stdin = None
+        faults.step("ipam.child-running")  # a crash here leaves the child to finish alone
+        try:
+            out, err = child.communicate(timeout=EXEC_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.communicate()
+            raise
+        return subprocess.CompletedProcess([plugin], child.returncode, out, err)
 
 
 def _in_process(call: IpamCall, conf_raw: dict[str, Any], node: Any) -> Result | None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from cni.hostfiles import ensure_private_dir
 from cni.names import container_id_problem, ifname_problem, network_name_problem
+from tenantnet import faults
 
 PHASE_ADDING = "adding"
 PHASE_READY = "ready"
@@ -204,6 +205,7 @@ class RecordStore:
                 fh.write(record.to_json())
                 fh.flush()
                 os.fsync(fh.fileno())
+            faults.step("record.tmp-written")  # the temp file exists, the rename has not happened
             os.replace(tmp, path)
         except BaseException:
             try:
@@ -240,6 +242,24 @@ class RecordStore:
                 os.rmdir(directory)
             except OSError:
                 break
+
+    def sweep_temp(self, network: str) -> list[str]:
+        """Remove temp files of writers that died between create and rename (their pid is
+        gone); a live writer's, this process's included, is left to finish."""
+        removed = []
+        for base, _, files in os.walk(os.path.join(self.root, network)):
+            for name in files:
+                stem, sep, pid = name.rpartition(".tmp.")
+                if not sep or not stem.endswith(".json") or not pid.isdigit():
+                    continue
+                if int(pid) == os.getpid() or os.path.exists(f"/proc/{pid}"):
+                    continue
+                try:
+                    os.unlink(os.path.join(base, name))
+                    removed.append(os.path.join(base, name))
+                except FileNotFoundError:
+                    pass
+        return removed
 
     def list(self, network: str | None = None) -> Iterator[AttachmentRecord | CorruptRecord]:
         """Every record (or the problem reading it) — of one network, or all."""

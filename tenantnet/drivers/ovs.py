@@ -13,7 +13,7 @@ from typing import Any
 from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.result import Interface
-from tenantnet import config
+from tenantnet import config, faults
 from tenantnet.drivers.base import Attached, Driver, in_background, mark_owner, owner_mark
 from tenantnet.netconf import TenantnetConf
 from tenantnet.records import AttachmentRecord, PodRef
@@ -78,6 +78,7 @@ class OvsDriver(Driver):
                 f"invalid CNI_IFNAME={record.ifname!r}: an interface of that name already exists "
                 f"in {record.netns}",
             ) from None
+        faults.step("ovs.veth-created")
         record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
         # The transaction (a round trip to ovsdb-server) runs while the core allocates
         # addresses and configures the pod; the core waits for it before answering.
@@ -95,6 +96,7 @@ class OvsDriver(Driver):
         try:
             if done is None or STEP_PORT in done:
                 self._db(record).delete_port(host, owner=(record.container_id, record.ifname))
+                faults.step("ovs.port-deleted")
         finally:
             if unlink is not None:
                 unlink.result()
@@ -161,6 +163,7 @@ def unrecorded_ports(db: ovsdb.Ovsdb, network: str, mode: str, known: set[tuple[
 def add_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, port: str) -> None:
     """The attachment's OVS port: VLAN, MTU and ownership in one transaction."""
     plan, pod = record.plan, record.pod
+    faults.step("ovs.port-adding")
     db.add_port(
         ovsdb.PortSpec(
             bridge=plan["bridge"],
@@ -180,6 +183,7 @@ def add_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, port: str) -> None
             },
         )
     )
+    faults.step("ovs.port-added")
 
 
 def check_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, name: str) -> list[str]:

@@ -17,7 +17,7 @@ from typing import Any
 from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.result import Interface
-from tenantnet import config
+from tenantnet import config, faults
 from tenantnet.drivers.base import Attached
 from tenantnet.drivers.ovs import add_owned_port, check_owned_port, link_drift, unrecorded_ports
 from tenantnet.drivers.sriov import SriovDriver
@@ -144,6 +144,7 @@ class OvsOffloadDriver(SriovDriver):
         plan = record.plan
         rep = plan["representor"]
         netlink.set_host_link(rep, mtu=plan.get("mtu"), up=True)
+        faults.step("offload.representor-up")
         record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
         add_owned_port(self._db(plan.get("ovsdb")), record, rep)
         link = netlink.host_link(rep)
@@ -159,6 +160,7 @@ class OvsOffloadDriver(SriovDriver):
         owner = (record.container_id, record.ifname)
         deleted = rep and (done is None or STEP_PORT in done) and \
             self._db(plan.get("ovsdb")).delete_port(rep, owner=owner)
+        faults.step("offload.port-deleted")
         if deleted and netlink.host_link(rep) is not None:
             netlink.set_host_link(rep, up=False)
         if "deviceID" in plan:  # an orphan port whose VF could not be found has only the port

@@ -18,6 +18,7 @@ from typing import Any
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
+from tenantnet import faults
 from tenantnet.drivers.base import Attached, Driver, owner_mark
 from tenantnet.netconf import TenantnetConf
 from tenantnet.records import AttachmentRecord, CorruptRecord
@@ -229,6 +230,7 @@ class SriovDriver(Driver):
         except VfAttributeRefused as exc:
             raise CniError(Code.UNSUPPORTED_FIELD,
                            f"unsupported field: {exc.attribute}: the NIC refused it: {exc}") from None
+        faults.step("sriov.vf-configured")
         info = {"pci-address": plan["deviceID"], "pf-pci-address": plan["pfAddress"]}
         if plan.get("rdma"):
             info["rdma-device"] = plan["rdma"]
@@ -238,6 +240,7 @@ class SriovDriver(Driver):
         name = plan["original"]["netdev"]["name"]
         record.mark(STEP_NETDEV)
         netlink.move_to_netns(name, record.netns)
+        faults.step("sriov.netdev-moved")
         try:
             netlink.set_pod_link(record.netns, name, new_name=record.ifname, mac=conf.mac,
                                  mtu=conf.vf.mtu if conf.vf else None,
@@ -254,6 +257,7 @@ class SriovDriver(Driver):
         original = plan.get("original") or {}
         if not plan.get("dpdk") and (done is None or STEP_NETDEV in done):
             self._return_netdev(record, original.get("netdev"))
+            faults.step("sriov.netdev-returned")
         if done is None or STEP_VF in done:
             self._restore_vf(plan, VfState.from_dict(original.get("vf") or SAFE_VF_STATE.to_dict()))
 

@@ -12,7 +12,7 @@ import pytest
 
 from tests.integration.conftest import PLUGIN, new_cid
 
-POINTS = ["after-record", "after-attach", "after-ipam"]
+POINTS = ["add.recorded", "add.attached", "add.ipam-done"]
 
 
 def all_state_files(lab):

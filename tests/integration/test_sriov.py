@@ -138,7 +138,7 @@ def test_del_variants_return_the_vf(nic_lab, vfp, netns_factory, how):
     assert nic_lab.records() == [] and nic_lab.allocations() == []
 
 
-@pytest.mark.parametrize("point", ["after-record", "after-attach", "after-ipam"])
+@pytest.mark.parametrize("point", ["add.recorded", "add.attached", "add.ipam-done"])
 def test_sigkill_mid_add_then_del(nic_lab, vfp, netns_factory, point):
     before = snapshot(nic_lab)
     vf = vfs(nic_lab)[3]
