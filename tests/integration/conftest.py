@@ -63,7 +63,9 @@ class Lab:
         return names
 
     def records(self) -> list[Path]:
-        return sorted((self.state_dir / "attachments").rglob("*.json"))
+        """Every file under the records directory: records, and temp files a crashed write
+        left (`*.json.tmp.<pid>`), which a leak check must see too."""
+        return sorted(p for p in (self.state_dir / "attachments").rglob("*") if p.is_file())
 
     def allocations(self) -> list[str]:
         """host-local's allocation files (one per IP), for leak checks."""

@@ -66,8 +66,11 @@ def test_vf_attach_configures_and_del_restores_everything(nic_lab, vfp, netns_fa
     assert (state.vlan, state.qos, state.spoofchk, state.trust, state.link_state) == (100, 3, True, True, "enable")
     assert (state.min_tx_rate, state.max_tx_rate, state.mac) == (100, 1000, "02:aa:00:00:00:01")
     assert not Path(f"/sys/class/net/{vf['netdev']}").exists()  # moved into the pod
+    assert nic_lab.allocations() != [] and nic_lab.records() != []
     assert vfp.call("DEL", conf, cid, ns.path).code == 0
-    assert snapshot(nic_lab) == before
+    assert snapshot(nic_lab) == before  # every VF attribute and the netdev's name/mac/mtu/state
+    assert nic_lab.allocations() == [] and nic_lab.records() == []
+    assert ns.run("ip", "link", "show", "net1").returncode != 0
 
 
 def test_result_1_1_carries_pci_id_and_mtu(nic_lab, vfp, netns_factory):
@@ -150,7 +153,7 @@ def test_sigkill_mid_add_then_del(nic_lab, vfp, netns_factory, point):
     vfp.extra_env.clear()
     assert inv.code == -9
     assert vfp.call("DEL", conf, cid, "").code == 0
-    assert snapshot(nic_lab) == before and nic_lab.records() == []
+    assert snapshot(nic_lab) == before and nic_lab.records() == [] and nic_lab.allocations() == []
 
 
 def test_dpdk_vf_reports_pci_id_and_allocates(nic_lab, vfp, netns_factory):
