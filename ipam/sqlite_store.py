@@ -319,6 +319,10 @@ def _retry_locked(step: Any) -> Any:
             delay = min(delay * 2, 0.05)
 
 
+RESERVE_NAME = "ipam.reserve"
+RESERVE_BYTES = 256 << 10
+
+
 class SqliteStore(Store):
     """`<data_dir>/ipam.db`; safe to open from any number of processes at once."""
 
@@ -326,6 +330,7 @@ class SqliteStore(Store):
         self.data_dir = data_dir
         self.path = os.path.join(data_dir, DB_NAME)
         self._lock = threading.RLock()
+        self._reserve_used = False
         try:
             if create:
                 from cni.hostfiles import ensure_private_dir
@@ -336,6 +341,8 @@ class SqliteStore(Store):
                 os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
             elif not os.path.exists(self.path):
                 raise CniError(Code.IO_FAILURE, f"no IPAM store at {self.path}")
+            if create:
+                self._keep_reserve()
             self._db = sqlite3.connect(
                 self.path,
                 timeout=BUSY_TIMEOUT_S,
@@ -353,6 +360,36 @@ class SqliteStore(Store):
         except sqlite3.Error as exc:
             self._db.close()
             raise CniError(Code.IO_FAILURE, f"cannot open IPAM store {self.path!r}: {exc}") from None
+
+    @property
+    def _reserve_path(self) -> str:
+        return os.path.join(self.data_dir, RESERVE_NAME)
+
+    def _keep_reserve(self) -> None:
+        """A preallocated file beside the database: on a full filesystem it is given up so
+        that releases (SQLite needs room to log them) still succeed. Best effort."""
+        path = self._reserve_path
+        if os.path.exists(path):
+            return
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return
+        try:
+            os.posix_fallocate(fd, 0, RESERVE_BYTES)
+        except OSError:
+            os.close(fd)
+            os.unlink(path)
+            return
+        os.close(fd)
+
+    def free_reserve(self) -> bool:
+        try:
+            os.unlink(self._reserve_path)
+        except OSError:
+            return False
+        self._reserve_used = True
+        return True
 
     def _setup(self) -> None:
         db = self._db
@@ -397,6 +434,9 @@ class SqliteStore(Store):
                 ) from None
             try:
                 yield SqliteTransaction(self._db)
+            except sqlite3.Error as exc:
+                self._db.execute("ROLLBACK")
+                raise CniError(Code.IO_FAILURE, f"IPAM store {self.path!r}: {exc}") from None
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
@@ -406,6 +446,9 @@ class SqliteStore(Store):
                 if self._db.in_transaction:
                     self._db.execute("ROLLBACK")
                 raise CniError(Code.IO_FAILURE, f"cannot commit to {self.path!r}: {exc}") from None
+            if self._reserve_used:  # room again (this commit needed some): take the reserve back
+                self._reserve_used = False
+                self._keep_reserve()
 
     @contextmanager
     def snapshot(self) -> Iterator[SqliteTransaction]:

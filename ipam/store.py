@@ -97,17 +97,32 @@ class Store(abc.ABC):
     def close(self) -> None:  # noqa: B027 - optional for backends without resources
         """Release the backend's resources."""
 
+    def free_reserve(self) -> bool:
+        """Give up space kept for releases on a full disk; False if there is none to give."""
+        return False
+
 
 # ---- generic operations ----------------------------------------------------------------
 
 
 def release_owner(store: Store, network: str, container_id: str, ifname: str) -> list[Allocation]:
-    """Release whatever (network, container id, ifname) holds; nothing held is fine."""
-    with store.transaction() as txn:
-        held = txn.owned_by(network, container_id, ifname)
-        for a in held:
-            txn.delete(network, a.address)
-    return held
+    """Release whatever (network, container id, ifname) holds; nothing held is fine.
+
+    A release must work on a full disk too (else a failed ADD leaves its address behind):
+    if the store has no room to record it, its reserve is given up and the release retried."""
+    for attempt in (1, 2):
+        try:
+            with store.transaction() as txn:
+                held = txn.owned_by(network, container_id, ifname)
+                for a in held:
+                    txn.delete(network, a.address)
+            return held
+        except Exception as exc:
+            text = str(getattr(exc, "msg", exc)).lower()
+            if attempt == 1 and ("full" in text or "no space" in text) and store.free_reserve():
+                continue
+            raise
+    raise AssertionError("unreachable")
 
 
 def release_addresses(store: Store, allocations: Iterable[Allocation]) -> list[Allocation]:

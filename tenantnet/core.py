@@ -289,7 +289,12 @@ class Plugin:
 
     def _teardown(self, record: AttachmentRecord, env: CniEnv | None, driver: drivers.Driver,
                   *, cni_path: tuple[str, ...] = ()) -> None:
-        """IPAM release, driver detach, record removal — each step idempotent."""
+        """IPAM release, driver detach, record removal — each step idempotent.
+
+        A transient IPAM failure (a full disk, a store locked too long) does not stop the
+        detach: the pod's interface, OVS port and VF are undone anyway, and only the record
+        stays, so that the next DEL or GC retries the release."""
+        ipam_failure: CniError | None = None
         ipam_conf = record.conf.get("ipam")
         ipam_done = record.progress is None or STEP_IPAM in record.progress
         if ipam_done and isinstance(ipam_conf, dict) and ipam_conf.get("type"):
@@ -299,16 +304,25 @@ class Plugin:
                 cni_path=env.path if env is not None else cni_path,
             )
             try:
-                ipam_client.run(ipam_conf["type"], call, record.conf, self.node)
+                try:
+                    ipam_client.run(ipam_conf["type"], call, record.conf, self.node)
+                except CniError as err:
+                    if err.code != Code.INCOMPATIBLE_VERSION or record.conf.get("cniVersion") == "1.0.0":
+                        raise
+                    # A release is the same operation in every version; an IPAM plugin that
+                    # does not speak this one (GC's 1.1.0 to host-local 1.1.x) gets 1.0.0.
+                    older = {**record.conf, "cniVersion": "1.0.0"}
+                    ipam_client.run(ipam_conf["type"], call, older, self.node)
                 faults.step("del.ipam-released")
             except CniError as err:
                 if err.code not in _IPAM_REFUSED_CONFIG:
-                    raise  # transient: keep the record so a later DEL or GC retries
+                    ipam_failure = err  # transient: keep the record so a later DEL or GC retries
                 # The IPAM plugin rejects this config outright, so it cannot hold an
                 # address for it either; refusing DEL forever would only leak the rest.
-                self.log.warning("del.ipam_refused_config", network=record.network,
-                                 container_id=record.container_id, ifname=record.ifname,
-                                 code=err.code, error=err.msg)
+                else:
+                    self.log.warning("del.ipam_refused_config", network=record.network,
+                                     container_id=record.container_id, ifname=record.ifname,
+                                     code=err.code, error=err.msg)
         if not record.plan.get("nothingOwned"):
             driver.detach(record)
             faults.step("del.detached")
@@ -316,6 +330,8 @@ class Plugin:
         if isinstance(devinfo_file, str) and (record.progress is None or STEP_DEVINFO in record.progress):
             devinfo.remove(devinfo_file, self.node.device_info_dir)
             faults.step("del.devinfo-removed")
+        if ipam_failure is not None:
+            raise ipam_failure
         try:
             self.records.remove(*record.key)
         except ValueError:
@@ -331,6 +347,9 @@ class Plugin:
         # The same decision as ADD: resolves "vlan": "tenant", and fails an attachment the
         # current policy would no longer allow.
         tconf = settings.settle(conf, env, self.node, self.log)
+        problem = pod_netns_problem(env.netns)
+        if problem:
+            raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: {problem}")
         with self._locked(env):
             self._check(env, conf, tconf)
 
@@ -414,7 +433,13 @@ class Plugin:
                 # Only where its ports are: a NAD without deviceID (the device plugin gives one
                 # per pod) would not parse as a whole here.
                 hint = {"ovsdb": settings.ovsdb_endpoint(conf.raw, self.node)}
-            doomed += driver.orphans(conf.name, keep, recorded, hint)
+            orphans = driver.orphans(conf.name, keep, recorded, hint)
+            # An unrecorded attachment's addresses are released with the network's own
+            # IPAM config, which the GC call carries.
+            ipam_conf = {k: v for k, v in conf.raw.items() if not k.startswith("cni.dev/")}
+            for orphan in orphans:
+                orphan.conf = orphan.conf or ipam_conf
+            doomed += orphans
         except (CniError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
             problems.append(system_error(exc, "looking for unrecorded OVS ports"))
         for left in self.records.sweep_temp(conf.name):

@@ -49,6 +49,7 @@ class VfSettings:
     min_tx_rate: int | None = None
     max_tx_rate: int | None = None
     mtu: int | None = None
+    device_id_field: str = "deviceID"  # where the NAD (or Multus) named the VF, for messages
     # Under a tenancy policy: the PFs the admin declared for the network (a VF named by
     # deviceID must belong to one of them); empty = no restriction.
     allowed_pfs: tuple[str, ...] = ()
@@ -296,8 +297,9 @@ def _on_off(raw: dict[str, Any], key: str, default: bool) -> bool:
     return value == "on"
 
 
-def device_id(conf: NetConf) -> str | None:
-    """The VF's PCI address: runtimeConfig.deviceID, else `deviceID`, else Multus's `pciBusID`."""
+def device_id(conf: NetConf) -> tuple[str, str] | None:
+    """(the VF's PCI address, the field that gave it): runtimeConfig.deviceID, else
+    `deviceID`, else Multus's `pciBusID`."""
     from tenantnet.system.sysfs import normalise_pci_address
 
     for where, value in (("runtimeConfig.deviceID", conf.runtime("deviceID")),
@@ -308,7 +310,7 @@ def device_id(conf: NetConf) -> str | None:
         address = normalise_pci_address(value) if isinstance(value, str) else None
         if address is None:
             raise invalid_config(where, value, "must be a PCI address like 0000:3b:00.2")
-        return address
+        return address, where
     return None
 
 
@@ -325,7 +327,8 @@ def _vf_settings(conf: NetConf) -> VfSettings:
                 not all(isinstance(p, str) and _BRIDGE_RE.fullmatch(p.replace(":", "")) for p in raw["pfs"]):
             raise invalid_config("pfs", raw["pfs"], "must be a list of PF netdev names or PCI addresses")
         pfs.extend(raw["pfs"])
-    dev = device_id(conf)
+    named = device_id(conf)
+    dev, dev_field = named if named else (None, "deviceID")
     if dev is None and not pfs:
         raise CniError(Code.INVALID_CONFIG, "invalid network config: mode sriov needs deviceID "
                        "(or Multus's pciBusID / runtimeConfig.deviceID), or pf/pfs to pick a free VF from")
@@ -348,7 +351,7 @@ def _vf_settings(conf: NetConf) -> VfSettings:
     if min_rate and max_rate and min_rate > max_rate:
         raise invalid_config("min_tx_rate", min_rate, f"must not exceed max_tx_rate ({max_rate})")
     return VfSettings(
-        device_id=dev, pfs=tuple(pfs), vlan=vlan, vlan_qos=qos, vlan_proto=proto,
+        device_id=dev, device_id_field=dev_field, pfs=tuple(pfs), vlan=vlan, vlan_qos=qos, vlan_proto=proto,
         spoofchk=_on_off(raw, "spoofchk", True), trust=_on_off(raw, "trust", False),
         link_state=link_state, min_tx_rate=min_rate, max_tx_rate=max_rate,
         mtu=_int_field(raw, "mtu", 68, 65535),

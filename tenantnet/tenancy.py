@@ -70,11 +70,12 @@ class NetworkDecl:
             return ("ovs-offload",)
         return ("ovs",) if self.bridge else ("sriov",)
 
-    def fabrics(self, node_ovsdb: str) -> list[str]:
-        """The switches a VLAN of this network lives on (for "one VLAN, one tenant")."""
+    def fabrics(self, node_ovsdb: str, pf_identity: Any = None) -> list[str]:
+        """The switches a VLAN of this network lives on (for "one VLAN, one tenant"); a PF
+        named by netdev in one network and by PCI address in another is one fabric."""
         if self.bridge:
             return [f"bridge {self.bridge} on {self.ovsdb or node_ovsdb}"]
-        return [f"PF {pf}" for pf in self.pfs]
+        return [f"PF {pf_identity(pf) if pf_identity else pf}" for pf in self.pfs]
 
 
 @dataclass(frozen=True)
@@ -159,13 +160,32 @@ def _declarations(raw: Any, node: Any) -> dict[str, NetworkDecl]:
     return out
 
 
-def _one_tenant_per_vlan(tenants: list[Tenant], networks: dict[str, NetworkDecl], node_ovsdb: str) -> None:
+def _pf_identity(node: Any) -> Any:
+    """PF name or PCI address -> one identity (its PCI address when sysfs knows the PF)."""
+    if node is None:
+        return None
+    from tenantnet.system.sysfs import Sysfs, SysfsError
+
+    sysfs = Sysfs(node.sysfs_root)
+
+    def identity(pf: str) -> str:
+        try:
+            return str(sysfs.pf_address(pf))
+        except (SysfsError, OSError, ValueError):
+            return pf
+
+    return identity
+
+
+def _one_tenant_per_vlan(tenants: list[Tenant], networks: dict[str, NetworkDecl], node: Any) -> None:
     """A VLAN of one fabric belongs to one tenant: two tenants on one segment would see
     each other's traffic whatever the NADs say."""
     owner: dict[tuple[str, int], tuple[str, str]] = {}
+    node_ovsdb = node.ovsdb if node is not None else ""
+    identity = _pf_identity(node) if any(d.pfs for d in networks.values()) else None
     for tenant in tenants:
         for net, grant in tenant.networks.items():
-            for fabric in networks[net].fabrics(node_ovsdb):
+            for fabric in networks[net].fabrics(node_ovsdb, identity):
                 for vlan in grant.vlans:
                     held = owner.setdefault((fabric, vlan), (tenant.name, net))
                     if held[0] != tenant.name:
@@ -212,7 +232,7 @@ def parse_policy(data: Any, source: str, node: Any = None) -> TenantPolicy:
                 raise _bad(f"{where}.sriov.{key}", sriov.get(key), f"must be one of {', '.join(allowed)}")
         tenants.append(Tenant(str(name), tuple(namespaces), networks,
                               sriov.get("spoofchk") == "required", sriov.get("trust") == "forbidden"))
-    _one_tenant_per_vlan(tenants, declared, node.ovsdb if node is not None else "")
+    _one_tenant_per_vlan(tenants, declared, node)
     return TenantPolicy(tuple(tenants), source, declared)
 
 

@@ -108,8 +108,9 @@ class SriovDriver(Driver):
         assert conf.vf is not None
         allowed = conf.vf.allowed_pfs
         if allowed and vf.pf_netdev not in allowed and vf.pf_address not in allowed:
+            field = conf.vf.device_id_field
             raise CniError(Code.TENANT_DENIED,
-                           f"tenant isolation: deviceID={vf.address!r}: the VF belongs to PF "
+                           f"tenant isolation: {field}={vf.address!r}: the VF belongs to PF "
                            f"{vf.pf_netdev or vf.pf_address}, and network {conf.name} is declared by the "
                            f"admin on PFs {', '.join(allowed)}")
 

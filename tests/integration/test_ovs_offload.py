@@ -43,6 +43,17 @@ def vf_snapshot(lab):
     return out
 
 
+def own_allocations(lab):
+    """tenantnet-ipam's allocations in the lab store these tests use."""
+    import sqlite3
+
+    db_path = lab.root / "ipam" / "ipam.db"
+    if not db_path.exists():
+        return []
+    with sqlite3.connect(db_path) as db:
+        return db.execute("SELECT address FROM allocation").fetchall()
+
+
 def test_vf_in_pod_representor_on_ovs_and_isolation(switchdev_lab, off, netns_factory):
     before = vf_snapshot(switchdev_lab)
     vfs = nic(switchdev_lab)["vfs"]
@@ -87,6 +98,7 @@ def test_del_variants(switchdev_lab, off, netns_factory, how):
     assert off.call("DEL", conf, cid, "").code == 0
     assert switchdev_lab.owned_ports() == [] and switchdev_lab.records() == []
     assert vf_snapshot(switchdev_lab) == before
+    assert own_allocations(switchdev_lab) == []
 
 
 def test_refused_precondition_attaches_nothing(switchdev_lab, off, netns_factory, tmp_path):
@@ -207,6 +219,7 @@ def test_gc_releases_an_unrecorded_representor_port_and_its_vf(switchdev_lab, of
     inv = off.raw(off.env("GC", netns=None, cni_args=""), json.dumps(gc))
     assert inv.code == 0, inv.stdout
     assert switchdev_lab.owned_ports() == [] and switchdev_lab.records() == []
+    assert own_allocations(switchdev_lab) == []  # its address too, from the GC's IPAM config
     # The VF's netdev is back in the host under its own name, and the one VF setting that
     # belongs to the PF in switchdev mode (the admin MAC) is reset.
     link = subprocess.run(["ip", "-j", "link", "show", "dev", vf["netdev"]], capture_output=True, text=True)
