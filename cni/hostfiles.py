@@ -79,6 +79,23 @@ def _no_symlinked_parents(field: str, path: str, root: str) -> None:
         parent = os.path.dirname(parent)
 
 
+def confined_dir(field: str, path: object, allowed: Iterable[str]) -> str:
+    """A directory path inside `allowed` that leads through no symlink: the directory itself,
+    if it exists, and every one between it and its allowed root are real directories."""
+    allowed = tuple(allowed)
+    checked = confined(field, path, allowed, "a directory")
+    _no_symlinked_parents(field, checked, _root_of(checked, allowed))
+    try:
+        st = os.lstat(checked)
+    except FileNotFoundError:
+        return checked
+    except OSError as exc:
+        raise invalid_config(field, checked, f"cannot be checked: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise invalid_config(field, checked, "exists and is not a directory (a symlink is never followed)")
+    return checked
+
+
 def _root_of(path: str, allowed: Iterable[str]) -> str:
     return max((r for r in allowed if within(path, (r,))), key=len, default="/")
 

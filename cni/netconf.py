@@ -68,6 +68,14 @@ def nesting_depth(text: str) -> int:
     return deepest
 
 
+def bounded_loads(text: str) -> Any:
+    """json.loads for a document a caller named, refusing (ValueError) nesting deeper than
+    MAX_NESTING instead of recursing until RecursionError."""
+    if text.count("[") + text.count("{") > MAX_NESTING and nesting_depth(text) > MAX_NESTING:
+        raise ValueError(f"nests arrays/objects more than {MAX_NESTING} levels deep")
+    return json.loads(text)
+
+
 def decode_json(data: bytes | str) -> dict[str, Any]:
     """stdin as a JSON object (bounded in size and nesting), or code 6."""
     size = len(data.encode("utf-8", "surrogateescape")) if isinstance(data, str) else len(data)

@@ -9,6 +9,7 @@ as libcni does.
 from __future__ import annotations
 
 import ipaddress
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -181,7 +182,7 @@ class Result:
             interfaces.append(
                 Interface(
                     name=name,
-                    mac=_text(i, "mac"),
+                    mac=_hardware_address(_text(i, "mac")),
                     mtu=_count(i, "mtu"),
                     sandbox=_text(i, "sandbox"),
                     socket_path=_text(i, "socketPath"),
@@ -247,4 +248,14 @@ def _count(obj: dict[str, Any], key: str) -> int:
         return 0
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < 1 << 32:
         raise ValueError(f"{key} must be an integer from 0 to 4294967295, got {value!r}")
+    return value
+
+
+_HW_ADDRESS = re.compile(r"[0-9A-Fa-f]{2}(:[0-9A-Fa-f]{2})*")
+
+
+def _hardware_address(value: str) -> str:
+    """An interface's `mac`: colon-separated hex octets (Ethernet, or longer: InfiniBand)."""
+    if value and not _HW_ADDRESS.fullmatch(value):
+        raise ValueError(f"interfaces[].mac must be a hardware address like 02:00:00:00:00:01, got {value!r}")
     return value

@@ -19,7 +19,7 @@ import threading
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
-from cni.hostfiles import confined
+from cni.hostfiles import confined_dir
 from cni.netconf import NetConf
 from cni.result import DNS, IPConfig, Result
 from ipam import allocator
@@ -67,7 +67,7 @@ def _limits(limits: Confinement | None) -> Confinement:
 def _data_dir(ipam: object, limits: Confinement | None) -> str:
     """The config's dataDir, inside the directories the node allows (code 7 otherwise)."""
     value = data_dir_of(ipam if isinstance(ipam, dict) else {})
-    return confined("ipam.dataDir", value, _limits(limits).data_dirs, "a directory")
+    return confined_dir("ipam.dataDir", value, _limits(limits).data_dirs)
 
 
 def _dns(cfg: IpamConfig, limits: Confinement | None) -> DNS:

@@ -147,8 +147,8 @@ class Plugin:
             pending = attached.pending
             faults.step("add.attached")
             if tconf.device_info_file and attached.device_info:
-                record.mark(STEP_DEVINFO)
                 devinfo.write(tconf.device_info_file, attached.device_info, self.node.device_info_dir)
+                record.mark(STEP_DEVINFO)  # only ours once written: a refused write removes nothing
                 faults.step("add.devinfo-written")
             ipam_result = Result()
             if tconf.ipam_type:

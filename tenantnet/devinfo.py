@@ -16,6 +16,7 @@ from typing import Any
 
 from cni.errors import CniError
 from cni.hostfiles import read_confined, remove_confined, write_confined
+from cni.netconf import bounded_loads
 
 SPEC_VERSION = "1.1.0"
 FIELD = "runtimeConfig.CNIDeviceInfoFile"
@@ -28,7 +29,7 @@ def read(path: str, directory: str) -> dict[str, Any]:
     except CniError:
         raise
     try:
-        doc = json.loads(data) if data else {}
+        doc = bounded_loads(data.decode("utf-8")) if data else {}
     except (ValueError, UnicodeDecodeError):
         return {}
     return doc if isinstance(doc, dict) else {}

@@ -229,8 +229,12 @@ def _runtime_types(conf: NetConf) -> None:
             raise invalid_config(f"runtimeConfig.{key}", value, "must be a string")
     for where, value in (("runtimeConfig.ips", conf.runtime("ips")),
                          ("args.cni.ips", conf.args_cni.get("ips"))):
-        if value is not None:
-            _strings(where, value)
+        for i, item in enumerate(_strings(where, value)):
+            try:
+                ipaddress.ip_interface(item)
+            except ValueError:
+                raise invalid_config(f"{where}[{i}]", item, "must be an IPv4 or IPv6 address "
+                                                           "(optionally /prefix)") from None
 
 
 def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:

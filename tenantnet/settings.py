@@ -18,7 +18,6 @@ are honoured, confined or refused before anything on the host is touched:
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import stat
@@ -27,8 +26,8 @@ from typing import Any
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code, invalid_config
-from cni.hostfiles import confined, read_confined, within
-from cni.netconf import NetConf, ci_get
+from cni.hostfiles import confined, confined_dir, read_confined, within
+from cni.netconf import NetConf, bounded_loads, ci_get
 from tenantnet.config import NodeConfig, normalise_ovsdb_endpoint
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "panic")
@@ -89,9 +88,9 @@ def _socket_from_configuration_path(path: Any, node: NodeConfig) -> Any:
     """ovs-cni's flat-file override: a JSON file that may hold `socket_file`."""
     data = read_confined("configuration_path", path, node.ovs_configuration_paths, "a JSON file")
     try:
-        doc = json.loads(data or b"")
-    except (ValueError, UnicodeDecodeError):
-        raise invalid_config("configuration_path", path, "is not a JSON file") from None
+        doc = bounded_loads((data or b"").decode("utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise invalid_config("configuration_path", path, f"is not a usable JSON file ({exc})") from None
     return doc.get("socket_file") if isinstance(doc, dict) else None
 
 
@@ -114,7 +113,11 @@ def device_info_file(conf: NetConf, node: NodeConfig) -> str | None:
     value = conf.runtime("CNIDeviceInfoFile")
     if value in (None, ""):
         return None
-    return confined("runtimeConfig.CNIDeviceInfoFile", value, (node.device_info_dir,), "a file")
+    # A file already there (a device plugin's) must be one we may read and replace: checked
+    # now, before the VF is touched, not when the write comes.
+    read_confined("runtimeConfig.CNIDeviceInfoFile", value, (node.device_info_dir,), "a file",
+                  missing_ok=True)
+    return str(value)
 
 
 def ipam_type(conf: NetConf) -> str:
@@ -141,7 +144,7 @@ def ipam_paths(ipam: dict[str, Any], node: NodeConfig) -> None:
     if not isinstance(ipam, dict):
         return
     if ipam.get("dataDir") not in (None, ""):
-        confined("ipam.dataDir", ipam["dataDir"], node.ipam_data_dirs, "a directory")
+        confined_dir("ipam.dataDir", ipam["dataDir"], node.ipam_data_dirs)
     else:
         default = DEFAULT_DATA_DIRS.get(ipam.get("type", ""))
         if default is not None and not within(default, node.ipam_data_dirs):

@@ -96,12 +96,12 @@ class SriovDriver(Driver):
                 held[rec.plan["deviceID"]] = rec
         return held
 
-    def _vf(self, address: str) -> VirtualFunction:
+    def _vf(self, address: str, field: str = "deviceID") -> VirtualFunction:
         try:
             return self.sysfs.vf(address)
         except SysfsError as exc:
             raise CniError(Code.INVALID_CONFIG,
-                           f"invalid network config: deviceID={address!r}: {exc}") from None
+                           f"invalid network config: {field}={address!r}: {exc}") from None
 
     def _on_allowed_pf(self, conf: TenantnetConf, vf: VirtualFunction) -> None:
         """Under a tenancy policy a named VF must be one of the network's declared PFs'."""
@@ -118,7 +118,7 @@ class SriovDriver(Driver):
         assert conf.vf is not None
         held = self._holders(records)
         if conf.vf.device_id:
-            vf = self._vf(conf.vf.device_id)
+            vf = self._vf(conf.vf.device_id, conf.vf.device_id_field)
             self._on_allowed_pf(conf, vf)
             holder = held.get(vf.address)
             if holder is not None and \
@@ -136,7 +136,9 @@ class SriovDriver(Driver):
                 pf_address = self.sysfs.pf_address(pf)
                 candidates.extend(self.sysfs.vfs_of_pf(pf_address))
             except SysfsError as exc:
-                raise CniError(Code.INVALID_CONFIG, f"invalid network config: pf={pf!r}: {exc}") from None
+                field = "pf" if conf.base.raw.get("pf") == pf else "pfs"
+                raise CniError(Code.INVALID_CONFIG,
+                               f"invalid network config: {field}={pf!r}: {exc}") from None
         for vf in candidates:
             if vf.address in held or vf.userspace or not vf.netdev:
                 continue

@@ -202,21 +202,21 @@ class Rtnl:
         of `peer_netns_fd`. Without `ipv6_link_local`, `name` never gets an IPv6 address
         (addr_gen_mode none, set before it comes up)."""
         if not ipv6_link_local:
-            self.create_veth(name, peer, peer_netns_fd, mtu=mtu, peer_mac=peer_mac, up=False, alias=alias)
+            self.create_veth(name, peer, peer_netns_fd, mtu=mtu, peer_mac=peer_mac, up=False)
             link = self.link(name)
             if link is None:
                 raise RtnlError(errno.ENODEV, f"{name} vanished right after it was created")
             # The kernel refuses IFLA_AF_SPEC when creating a link: set it on the new link.
             no_addresses = _nla(IFLA_INET6_ADDR_GEN_MODE, bytes([IN6_ADDR_GEN_MODE_NONE]))
-            self._ack(RTM_SETLINK, 0, _IFINFOMSG.pack(0, 0, link.index, 0, 0)
+            # The kernel ignores IFLA_IFALIAS in a NEWLINK: the alias rides on this SETLINK.
+            marked = _nla(IFLA_IFALIAS, alias.encode()) if alias else b""
+            self._ack(RTM_SETLINK, 0, _IFINFOMSG.pack(0, 0, link.index, 0, 0) + marked
                       + _nest(IFLA_AF_SPEC, _nest(socket.AF_INET6, no_addresses)))
             if up:
                 self.set_link(link.index, up=True)
             return
         peer_attrs = [_nla(IFLA_IFNAME, _name(peer)), _nla(IFLA_NET_NS_FD, _u32(peer_netns_fd))]
         own = [_nla(IFLA_IFNAME, _name(name))]
-        if alias:
-            own.append(_nla(IFLA_IFALIAS, alias.encode()))
         if mtu:
             peer_attrs.append(_nla(IFLA_MTU, _u32(mtu)))
             own.append(_nla(IFLA_MTU, _u32(mtu)))
@@ -228,6 +228,11 @@ class Rtnl:
         flags = IFF_UP if up else 0  # applied at creation, as `ip link add … up` does
         self._ack(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL,
                   _IFINFOMSG.pack(0, 0, 0, flags, flags) + b"".join(own) + info)
+        if alias:  # the kernel ignores IFLA_IFALIAS in a NEWLINK
+            created = self.link(name)
+            if created is None:
+                raise RtnlError(errno.ENODEV, f"{name} vanished right after it was created")
+            self.set_link(created.index, alias=alias)
 
     def set_link(self, index: int, *, up: bool | None = None, name: str | None = None,
                  mac: str | None = None, mtu: int | None = None, netns_fd: int | None = None,

@@ -183,15 +183,18 @@ def link_message(index: int, name: str, *, up: bool, mac: bytes = b"\x02\0\0\0\0
 # ---- create_veth ------------------------------------------------------------------------------
 
 def test_create_veth_with_mtu_peer_mac_and_alias_peer_born_in_the_pod_netns() -> None:
-    fake, rt = fake_rtnl(ack())
+    # The kernel ignores IFLA_IFALIAS in RTM_NEWLINK (`ip link add … alias` does not set it
+    # either): the alias goes in a SETLINK on the new link's index.
+    fake, rt = fake_rtnl(ack(), [(RTM_NEWLINK, 0, link_message(12, "tnabc", up=True, mtu=9000))], ack())
     rt.create_veth("tnabc", "net1", 42, mtu=9000, peer_mac="02:00:00:aa:bb:cc", alias="pod/ns1")
-    [msg] = messages(fake)
+    msg, lookup, marked = messages(fake)
     assert (msg.type, msg.flags) == (RTM_NEWLINK, CREATE)
+    assert (lookup.type, marked.type, marked.flags) == (RTM_GETLINK, RTM_SETLINK, CHANGE)
+    assert ifinfomsg(marked.body) == ((AF_UNSPEC, 0, 12, 0, 0), {IFLA_IFALIAS: b"pod/ns1"})
     head, attrs = ifinfomsg(msg.body)
     assert head == (AF_UNSPEC, 0, 0, IFF_UP, IFF_UP)  # created up, like `ip link add … up`
-    assert set(attrs) == {IFLA_IFNAME, IFLA_IFALIAS, IFLA_MTU, IFLA_LINKINFO | NLA_F_NESTED}
+    assert set(attrs) == {IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO | NLA_F_NESTED}
     assert attrs[IFLA_IFNAME] == b"tnabc\0"
-    assert attrs[IFLA_IFALIAS] == b"pod/ns1"
     assert attrs[IFLA_MTU] == u32(9000)
     peer_head, peer = veth_linkinfo(attrs)
     assert peer_head == (AF_UNSPEC, 0, 0, 0, 0)
@@ -225,19 +228,18 @@ def test_create_veth_without_ipv6_link_local_sets_addr_gen_mode_none_before_up(u
     # 1. the pair, created down (an address could be generated the moment it is up)
     head, attrs = ifinfomsg(sent[0].body)
     assert head == (AF_UNSPEC, 0, 0, 0, 0)
-    assert {k: attrs[k] for k in (IFLA_IFNAME, IFLA_IFALIAS, IFLA_MTU)} == {
-        IFLA_IFNAME: b"tnabc\0", IFLA_IFALIAS: b"a", IFLA_MTU: u32(1400)}
-    assert set(attrs) == {IFLA_IFNAME, IFLA_IFALIAS, IFLA_MTU, IFLA_LINKINFO | NLA_F_NESTED}
+    assert {k: attrs[k] for k in (IFLA_IFNAME, IFLA_MTU)} == {IFLA_IFNAME: b"tnabc\0", IFLA_MTU: u32(1400)}
+    assert set(attrs) == {IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO | NLA_F_NESTED}  # no alias: ignored here
     assert veth_linkinfo(attrs) == ((AF_UNSPEC, 0, 0, 0, 0), {
         IFLA_IFNAME: b"net1\0", IFLA_NET_NS_FD: u32(9), IFLA_MTU: u32(1400),
         IFLA_ADDRESS: bytes.fromhex("020000000007")})
     # 2. its index, asked by name
     head, attrs = ifinfomsg(sent[1].body)
     assert head == (AF_UNSPEC, 0, 0, 0, 0) and attrs == {IFLA_IFNAME: b"tnabc\0"}
-    # 3. IFLA_AF_SPEC { AF_INET6 { IFLA_INET6_ADDR_GEN_MODE = IN6_ADDR_GEN_MODE_NONE (u8) } }
+    # 3. the alias, and IFLA_AF_SPEC { AF_INET6 { IFLA_INET6_ADDR_GEN_MODE = NONE (u8) } }
     head, attrs = ifinfomsg(sent[2].body)
     assert head == (AF_UNSPEC, 0, 31, 0, 0)
-    assert set(attrs) == {IFLA_AF_SPEC | NLA_F_NESTED}
+    assert set(attrs) == {IFLA_IFALIAS, IFLA_AF_SPEC | NLA_F_NESTED} and attrs[IFLA_IFALIAS] == b"a"
     af = nlas(attrs[IFLA_AF_SPEC | NLA_F_NESTED])
     assert set(af) == {AF_INET6 | NLA_F_NESTED}
     assert nlas(af[AF_INET6 | NLA_F_NESTED]) == {IFLA_INET6_ADDR_GEN_MODE: bytes([IN6_ADDR_GEN_MODE_NONE])}
