@@ -109,7 +109,10 @@ class OvsOffloadDriver(SriovDriver):
         vf = self.sysfs.vf(plan["deviceID"])
         rep = self._representor(vf)
         db = self._db(conf.ovs.ovsdb)
+        link = netlink.host_link(rep)
         plan.update({
+            # What ADD changes on the representor (MTU, up), put back on DEL.
+            "representorOriginal": {"mtu": link.mtu, "up": link.up} if link is not None else None,
             "representor": rep, "bridge": self._bridge(conf, db, vf), "ovsdb": conf.ovs.ovsdb,
             "vlan": conf.ovs.vlan, "trunks": list(conf.ovs.trunks), "mtu": conf.mtu,
             "ofportRequest": conf.ovs.ofport_request,
@@ -161,8 +164,12 @@ class OvsOffloadDriver(SriovDriver):
         deleted = rep and (done is None or STEP_PORT in done) and \
             self._db(plan.get("ovsdb")).delete_port(rep, owner=owner)
         faults.step("offload.port-deleted")
-        if deleted and netlink.host_link(rep) is not None:
-            netlink.set_host_link(rep, up=False)
+        original = plan.get("representorOriginal")
+        if rep and (deleted or original) and netlink.host_link(rep) is not None:
+            if original:  # the representor as it was before ADD
+                netlink.set_host_link(rep, mtu=original["mtu"] or None, up=original["up"])
+            else:
+                netlink.set_host_link(rep, up=False)
         if "deviceID" in plan:  # an orphan port whose VF could not be found has only the port
             super().detach(record)
 

@@ -68,11 +68,20 @@ class Lab:
         return sorted(p for p in (self.state_dir / "attachments").rglob("*") if p.is_file())
 
     def allocations(self) -> list[str]:
-        """host-local's allocation files (one per IP), for leak checks."""
+        """Addresses held in this lab's IPAM directories, for leak checks: host-local's files
+        (one per IP) and the rows of any tenantnet-ipam store (its files are no allocation)."""
+        import sqlite3
+
         out = []
-        for f in self.hostlocal_dir.rglob("*"):
-            if f.is_file() and not f.name.startswith(("last_reserved_ip", "lock")):
-                out.append(f.name)
+        for directory in (self.hostlocal_dir, self.root / "ipam"):
+            for f in directory.rglob("*"):
+                if not f.is_file() or f.name.startswith(("last_reserved_ip", "lock")):
+                    continue
+                if f.name == "ipam.db":
+                    with sqlite3.connect(f) as db:
+                        out += [f"{f.parent.name}:{a}" for (a,) in db.execute("SELECT address FROM allocation")]
+                elif not f.name.startswith("ipam."):
+                    out.append(f.name)
         return sorted(out)
 
 
