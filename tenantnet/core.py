@@ -43,7 +43,6 @@ from tenantnet.system.netns import NamespaceNotFound, pod_netns_problem
 RECORD_VERSION = "1.1.0"  # results are kept in the newest shape and converted on output
 STEP_IPAM = "ipam"
 STEP_DEVINFO = "devinfo"
-RESERVE_BYTES = 1 << 20  # given up on a full state filesystem so that a rollback can write
 # IPAM errors that say "this config is not acceptable" rather than "try again".
 _IPAM_REFUSED_CONFIG = {Code.INCOMPATIBLE_VERSION, Code.UNSUPPORTED_FIELD, Code.DECODE_FAILURE,
                         Code.INVALID_CONFIG}
@@ -133,7 +132,6 @@ class Plugin:
             if tconf.device_info_file:
                 record.plan["deviceInfoFile"] = tconf.device_info_file  # DEL removes it
             try:
-                self._keep_reserve()
                 self.records.save(record)  # intent first: from here on a crash is recoverable
             except OSError as exc:
                 raise CniError(Code.IO_FAILURE, f"cannot write the attachment record under "
@@ -196,51 +194,13 @@ class Plugin:
             return False
 
     def _rollback(self, record: AttachmentRecord, env: CniEnv, driver: drivers.Driver) -> None:
-        for attempt in (1, 2):
-            try:
-                self._teardown(record, env, driver)
-                return
-            except BaseException as exc:  # keep the record: DEL or GC will finish the job
-                if attempt == 1 and _out_of_space(exc) and self._give_up_reserve():
-                    continue  # the IPAM release needs room to write: give it the reserve
-                self.log.error("add.rollback_failed", network=record.network,
-                               container_id=record.container_id, ifname=record.ifname, error=str(exc))
-                return
-
-    def _reserve_path(self) -> str:
-        return os.path.join(self.node.state_dir, "reserve")
-
-    def _keep_reserve(self) -> None:
-        """A preallocated file on the state filesystem, so that a full disk can still undo an
-        ADD (SQLite needs room to record a release). Made once; remade after it was used."""
-        path = self._reserve_path()
-        if os.path.exists(path):
-            return
+        # Nothing here needs room on disk (records are unlinked; the IPAM store keeps a
+        # reserve for releases, ipam/sqlite_store.py), so a full disk undoes an ADD too.
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            return
-        except FileNotFoundError:
-            from cni.hostfiles import ensure_private_dir
-
-            ensure_private_dir(self.node.state_dir)
-            return self._keep_reserve()
-        try:
-            os.posix_fallocate(fd, 0, RESERVE_BYTES)
-        except OSError:
-            os.close(fd)
-            os.unlink(path)  # no room even for the reserve: the record write will say so
-            return
-        os.close(fd)
-
-    def _give_up_reserve(self) -> bool:
-        try:
-            os.unlink(self._reserve_path())
-        except OSError:
-            return False
-        self.log.warning("state.reserve_used", state_dir=self.node.state_dir,
-                         error="state filesystem full: the reserve was released for a rollback")
-        return True
+            self._teardown(record, env, driver)
+        except BaseException as exc:  # keep the record: DEL or GC will finish the job
+            self.log.error("add.rollback_failed", network=record.network,
+                           container_id=record.container_id, ifname=record.ifname, error=str(exc))
 
     # ---- DEL --------------------------------------------------------------------------
     def delete(self, env: CniEnv, conf: NetConf) -> None:
@@ -537,15 +497,6 @@ class Plugin:
         except OSError as exc:
             raise CniError(Code.IO_FAILURE, f"cannot read attachment records under "
                                             f"{self.records.root}: {exc.strerror or exc}") from None
-
-
-def _out_of_space(exc: BaseException) -> bool:
-    import errno
-
-    if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT)
-    text = str(getattr(exc, "msg", exc)).lower()
-    return "no space left" in text or "disk is full" in text or "database or disk is full" in text
 
 
 def _gc_env(env: CniEnv) -> CniEnv:
