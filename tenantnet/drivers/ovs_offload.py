@@ -161,8 +161,11 @@ class OvsOffloadDriver(SriovDriver):
         rep = plan.get("representor")
         done = record.progress
         owner = (record.container_id, record.ifname)
+        # Waiting for vswitchd: until it has dropped the port it may still set the
+        # representor's flags back as it found them when it took it (seen: up again after
+        # our restore, 3 DELs in 30).
         deleted = rep and (done is None or STEP_PORT in done) and \
-            self._db(plan.get("ovsdb")).delete_port(rep, owner=owner)
+            self._db(plan.get("ovsdb")).delete_port(rep, owner=owner, wait=True)
         faults.step("offload.port-deleted")
         original = plan.get("representorOriginal")
         if rep and (deleted or original) and netlink.host_link(rep) is not None:

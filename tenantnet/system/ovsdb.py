@@ -214,11 +214,12 @@ class Ovsdb:
             except Exception as exc:
                 raise OvsdbFailure(f"{what}: {type(exc).__name__}: {exc}") from None
 
-    def _commit(self, what: str, *commands: Any) -> Any:
-        """`commands` in one transaction; with wait_vswitchd, return once vswitchd applied it."""
+    def _commit(self, what: str, *commands: Any, wait: bool | None = None) -> Any:
+        """`commands` in one transaction; with wait_vswitchd (or `wait`), return once vswitchd
+        applied it."""
         txn = _ovsdbapp_classes().PortTransaction(self.api, self._conn, self.timeout, check_error=True,
                                                   log_errors=False)
-        txn.wait = self.wait_vswitchd
+        txn.wait = self.wait_vswitchd if wait is None else wait
         try:
             for command in commands:
                 txn.add(command)
@@ -348,15 +349,16 @@ class Ovsdb:
         command = api.db_set("Port", name, ("tag", tag)) if tag else api.db_clear("Port", name, "tag")
         self._commit(f"setting the VLAN of port {name}", command)
 
-    def delete_port(self, name: str, owner: tuple[str, str] | None = None) -> bool:
+    def delete_port(self, name: str, owner: tuple[str, str] | None = None, *, wait: bool = False) -> bool:
         """Delete a port we own; False if absent. A port not ours is left alone, and with
         `owner` = (container id, ifname) so is one of ours whose external_ids name another
         attachment (a representor port now serving another pod).
 
         The ownership check runs inside the deleting transaction, so a port that changes
-        hands in between is never removed."""
+        hands in between is never removed. With `wait`, return once ovs-vswitchd has removed
+        it from the datapath (a device it gave back is then left alone by vswitchd)."""
         delete = _ovsdbapp_classes().DeleteOwnedPort(self.api, name, owner)
-        return bool(self._commit(f"deleting port {name}", delete))
+        return bool(self._commit(f"deleting port {name}", delete, wait=wait or None))
 
 
 # The identity keys of a port's external_ids (written by tenantnet.drivers.ovs).
