@@ -240,14 +240,17 @@ def plugin(lab: Lab) -> Iterator[PluginRunner]:
 
 @pytest.fixture
 def no_leftovers(lab: Lab, plugin: PluginRunner) -> Iterator[None]:
-    """Assert that a test leaves no port, record, allocation or host link of ours behind.
+    """Assert that a test leaves the node as it found it: the whole node state (OVS rows,
+    host links, VF state, device-info files, IPAM rows, records and temp files, processes:
+    tests/integration/nodestate.py) compared before and after, plus the named checks below
+    (which give the clearer message when they fail)."""
+    from tests.integration import nodestate
 
-    Host links are checked by the names this test's attachments would have, not by a
-    before/after diff: other test runs on the machine create tn* links of their own.
-    """
+    before = nodestate.snapshot(lab)
     yield
     from tenantnet.drivers.ovs import host_ifname
 
+    assert nodestate.diff(before, nodestate.snapshot(lab)) == "", "the node state changed"
     assert lab.owned_ports() == [], "OVS ports left behind"
     assert lab.records() == [], "attachment records left behind"
     assert lab.allocations() == [], "IP allocations left behind"

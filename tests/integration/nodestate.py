@@ -225,7 +225,8 @@ def _sqlite_rows(db: Path) -> dict[str, list[Any]]:
         if "used_block" in tables:
             out["used_block"] = sorted(
                 [r[0], r[1], bytes(r[2]).hex(), *r[3:]] for r in conn.execute(
-                    "SELECT network, family, super, sub, w0, w1, w2, w3, used FROM used_block"))
+                    "SELECT network, family, super, sub, w0, w1, w2, w3, used FROM used_block "
+                    "WHERE used > 0"))  # an emptied bitmap row is no allocation
         return out
     finally:
         conn.close()
@@ -234,11 +235,14 @@ def _sqlite_rows(db: Path) -> dict[str, list[Any]]:
 def ipam_rows(lab: Any) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for d in ipam_data_dirs(lab):
-        for rel, text in _files(d, skip=("last_reserved_ip", "lock", "ipam.db")).items():
+        # The store's own files (its database, WAL, reserve) are no allocation: its rows are.
+        for rel, text in _files(d, skip=("last_reserved_ip", "lock", "ipam.")).items():
             out[f"{d}/{rel}"] = text.replace("\r\n", " ")
         if d.is_dir():
             for db in sorted(d.rglob("ipam.db")):
-                out[str(db)] = _sqlite_rows(db)
+                rows = _sqlite_rows(db)
+                if any(rows.values()):  # an empty store is as good as none
+                    out[str(db)] = rows
     return out
 
 

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tenantnet.harness import Pod
+from tests.integration import nodestate
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
 
@@ -69,6 +70,7 @@ def test_three_networks_status_and_device_info(nic_lab, tmp_path):
     annotation = json.dumps([{"name": "rail-ovs", "mac": "02:81:00:00:00:07", "ips": ["10.81.0.50/24"]},
                              {"name": "rail-vf"}, {"name": "storage", "namespace": "ml"}])
     nad, pod = files(tmp_path, annotation, nic_lab.root)
+    before = nodestate.snapshot(nic_lab)
     up = ctl(nic_lab.node_config, "pod", "up", str(pod), "--nad", str(nad),
              "--devices", f"nvidia.com/rail0={vf_address}")
     assert up.returncode == 0, up.stderr
@@ -92,6 +94,7 @@ def test_three_networks_status_and_device_info(nic_lab, tmp_path):
     assert list((nic_lab.root / "devinfo").rglob("*.*")) == []
     left = ctl(nic_lab.node_config, "ipam", "ls", "--data-dir", str(nic_lab.root / "ipam" / tmp_path.name), "--json")
     assert json.loads(left.stdout) == []
+    assert nodestate.diff(before, nodestate.snapshot(nic_lab)) == ""  # VFs, links, IPAM, files
 
 
 def test_short_form_and_unwinding_on_failure(nic_lab, tmp_path):
@@ -102,10 +105,13 @@ def test_short_form_and_unwinding_on_failure(nic_lab, tmp_path):
               'metadata: {name: broken, namespace: ml}\nspec:\n  config: \'{"cniVersion": "1.0.0", '
               '"type": "tenantnet", "bridge": "br-nowhere", "vlan": 9}\'\n')
     nad.write_text(nad.read_text() + broken)
+    before = nodestate.snapshot(nic_lab)
     up = ctl(nic_lab.node_config, "pod", "up", str(pod), "--nad", str(nad))
     assert up.returncode == 1 and "ml/broken (net3) failed" in up.stderr and "br-nowhere" in up.stderr
     assert not Path(Pod("ml", "trainer-0").netns_path).exists()
     assert nic_lab.owned_ports() == [] and nic_lab.records() == []
+    # the unwinding released the first two networks' addresses and host links too
+    assert nodestate.diff(before, nodestate.snapshot(nic_lab)) == ""
 
 
 def test_device_info_file_is_merged_and_written_atomically(tmp_path):
