@@ -44,6 +44,7 @@ from __future__ import annotations
 import json
 import os
 import sqlite3
+import stat
 import subprocess
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -199,7 +200,12 @@ def _files(root: Path, keep: int | None = None, skip: tuple[str, ...] = ()) -> d
                 continue
             path = Path(base) / n
             try:
-                text = path.read_bytes()[: keep or 1 << 16].decode(errors="replace")
+                st = path.lstat()
+                if not stat.S_ISREG(st.st_mode):  # never open a FIFO (it would block) or a device
+                    text = f"<{stat.filemode(st.st_mode)}>"
+                else:
+                    with path.open("rb") as fh:
+                        text = fh.read(keep or 1 << 16).decode(errors="replace")
             except OSError as exc:
                 text = f"<unreadable: {exc}>"
             out[str(path.relative_to(root))] = text

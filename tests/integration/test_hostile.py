@@ -59,6 +59,7 @@ import pytest
 import yaml
 
 from tests.integration import hostile_support as hs
+from tests.integration import nodestate
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, new_cid
 from tests.integration.test_agent import AgentProcess, agent_node_config, start_agent
 
@@ -717,6 +718,8 @@ class Hostile:
     run_dir: Path
     labs: dict[str, LabCtx] = field(default_factory=dict)
     cached: dict[str, hs.NodeState] = field(default_factory=dict)
+    # The shared whole-node snapshot (tests/integration/nodestate.py), kept across clean cases.
+    node_cached: dict[str, Any] = field(default_factory=dict)
 
     def ctx(self, which: str, lab: Lab) -> LabCtx:
         if which not in self.labs:
@@ -991,6 +994,7 @@ def test_base_config_is_accepted(hx: Hostile, control: str, way: str, request: p
     conf = fill(apply(base_conf(c, ctx, h), c.conf), v)
     before = ctx.state(h.netns)
     h.cached.pop(c.lab, None)
+    h.node_cached.pop(c.lab, None)
     env = base_env(h, ctx, way, c.command, cid)
     out = execute(env, json.dumps(conf).encode(), str(h.scratch / "cwd"), 30)
     try:
@@ -1048,6 +1052,7 @@ def test_hostile(hx: Hostile, c: Case, way: str, request: pytest.FixtureRequest)
     lab_tags = {_lab_tag(x.lab.root) for x in h.labs.values()}
 
     before = h.cached.pop(c.lab, None) or ctx.state(h.netns)
+    whole_before = h.node_cached.pop(c.lab, None) or nodestate.snapshot(ctx.lab)
     served = h.agent.served() if way == "agent" else 0
     session = h.fs.begin(watch)
     out = execute(env, stdin, cwds[0], INPROC_TIMEOUT if way == "inproc" else AGENT_TIMEOUT + 4)
@@ -1068,6 +1073,10 @@ def test_hostile(hx: Hostile, c: Case, way: str, request: pytest.FixtureRequest)
     changed = hs.state_diff(before, after, ours=ours, container_id=env.get("CNI_CONTAINERID", cid),
                             lab_tags=lab_tags)
     problems += [f"node: {x}" for x in changed]
+    whole_after = nodestate.snapshot(ctx.lab)
+    whole_changed = nodestate.diff(whole_before, whole_after)
+    if whole_changed:
+        problems.append(f"node state (nodestate):\n{whole_changed}")
     if changed or out.code == 0:
         cleanup(h, ctx, env, conf, base, before, ours, cid)
     if left or changed or out.code == 0:
@@ -1078,6 +1087,7 @@ def test_hostile(hx: Hostile, c: Case, way: str, request: pytest.FixtureRequest)
         _populate(ctx)  # puts back any fixture file the plugin removed or replaced
     else:
         h.cached[c.lab] = after
+        h.node_cached[c.lab] = whole_after
     assert not problems, f"{c.id} via {way}:\n  " + "\n  ".join(problems)
 
 
@@ -1109,6 +1119,7 @@ def test_host_veth_carries_the_ownership_mark(hx: Hostile, lab: Lab) -> None:
     env = base_env(h, ctx, "inproc", "ADD", cid)
     out = execute(env, json.dumps(conf).encode(), str(h.scratch / "cwd"), 30)
     h.cached.pop("lab", None)
+    h.node_cached.pop("lab", None)
     try:
         assert out.code == 0, out.stdout + out.stderr
         alias = hs.host_links().get(host_ifname(cid, "net1"))
