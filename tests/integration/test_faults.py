@@ -29,8 +29,7 @@ that nobody serves):
   `test_steps_are_enumerated_from_the_code` prints the steps and the case counts (with this
   tree: 21 steps — ovs 14, sriov 15, ovs-offload 19 — and 99 in-process ADD kills: ovs 11
   faults × 5, sriov 11 faults → 19 cases, ovs-offload 14 → 25).
-- `test_kill_add_through_agent_then_del` — every ADD step once (in the first of ovs, sriov,
-  ovs-offload that reaches it): an agent started with the fault in its environment, ADD
+- `test_kill_add_through_agent_then_del` — every ADD step of every mode: an agent started with the fault in its environment, ADD
   through the shim (code 11 when the agent dies, the agent killed by SIGKILL), a clean
   agent started, DEL through it, the agent stopped, state == baseline.
 - `test_kill_del_then_del_again` / `test_kill_gc_then_gc_again` — every DEL (GC) step of
@@ -272,12 +271,8 @@ def _add_cases() -> list[tuple[str, str, str]]:
 
 
 def _agent_cases() -> list[tuple[str, str]]:
-    cases: dict[str, str] = {}
-    for mode in MODES:
-        for step in steps_for(mode, "ADD"):
-            for fault in _faults_of(step):
-                cases.setdefault(fault, mode)
-    return [(mode, fault) for fault, mode in cases.items()]
+    """Every ADD step of every mode, killed in the agent."""
+    return [(mode, fault) for mode in MODES for step in steps_for(mode, "ADD") for fault in _faults_of(step)]
 
 
 ADD_CASES = _add_cases()
