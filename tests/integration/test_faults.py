@@ -23,14 +23,12 @@ that nobody serves):
   `DEL-no-netns` (CNI_NETNS=""); `netns-gone` (the pod netns deleted, then DEL naming it);
   `GC` (cniVersion 1.1.0, `cni.dev/valid-attachments: []`, in ovs-offload without deviceID as
   its NAD; applies in every mode: each has a record from before it touches anything); `re-ADD`
-  (ADD again, then DEL). Mode ovs: every recovery for every step. Modes sriov and
-  ovs-offload (their ADD costs more), a rotation: fault i (in enumeration order) gets `DEL`
-  plus RECOVERIES[i mod 5] (faults 0, 5, 10 only `DEL`), so every recovery meets every mode.
+  (ADD again, then DEL). Every recovery for every step, in every mode.
   `test_steps_are_enumerated_from_the_code` prints the steps and the case counts (with this
-  tree: 21 steps — ovs 14, sriov 15, ovs-offload 19 — and 99 in-process ADD kills: ovs 11
-  faults × 5, sriov 11 faults → 19 cases, ovs-offload 14 → 25).
-- `test_kill_add_through_agent_then_del` — every ADD step of every mode: an agent started with the fault in its environment, ADD
-  through the shim (code 11 when the agent dies, the agent killed by SIGKILL), a clean
+  tree: 21 steps — ovs 14, sriov 15, ovs-offload 19 — and 180 in-process ADD kills: 11, 11
+  and 14 kill points × 5 recoveries).
+- `test_kill_add_through_agent_then_del` — every ADD step of every mode: an agent started
+  with the fault in its environment, ADD through the shim (code 11 when the agent dies, the agent killed by SIGKILL), a clean
   agent started, DEL through it, the agent stopped, state == baseline.
 - `test_kill_del_then_del_again` / `test_kill_gc_then_gc_again` — every DEL (GC) step of
   every mode: a completed ADD, then DEL (GC) killed there, then DEL (GC) again → baseline.
@@ -91,7 +89,7 @@ PREFIX_VERBS = {"add": {"ADD"}, "record": {"ADD"}, "del": {"DEL", "GC"}, "gc": {
                 "ipam": {"ADD", "DEL", "GC"}}
 TEARDOWN = frozenset({"DEL", "GC"})
 RECOVERIES = ("DEL", "DEL-no-netns", "netns-gone", "GC", "re-ADD")
-FULL_RECOVERY_MODES = {"ovs"}
+FULL_RECOVERY_MODES = ("ovs", "sriov", "ovs-offload")  # every recovery after every ADD step
 KILLED = -signal.SIGKILL
 
 
