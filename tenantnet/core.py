@@ -277,9 +277,9 @@ class Plugin:
             except CniError as err:
                 if err.code not in _IPAM_REFUSED_CONFIG:
                     ipam_failure = err  # transient: keep the record so a later DEL or GC retries
-                # The IPAM plugin rejects this config outright, so it cannot hold an
-                # address for it either; refusing DEL forever would only leak the rest.
                 else:
+                    # The IPAM plugin rejects this config outright, so it cannot hold an
+                    # address for it either; refusing DEL forever would only leak the rest.
                     self.log.warning("del.ipam_refused_config", network=record.network,
                                      container_id=record.container_id, ifname=record.ifname,
                                      code=err.code, error=err.msg)
