@@ -24,6 +24,7 @@ from cni.errors import CniError, Code, invalid_config
 from cni.result import DNS, IPAddress, IPNetwork, Route
 
 DEFAULT_DATA_DIR = "/var/lib/tenantnet/ipam"
+HOST_LOCAL_DATA_DIR = "/var/lib/cni/networks"  # host-local's own default dataDir
 
 
 class Confinement(NamedTuple):
@@ -31,7 +32,7 @@ class Confinement(NamedTuple):
     `ipamDataDirs` and `resolvConfPaths`, docs/security.md): the config is tenant input, and
     the store is written, the resolv.conf read, as root."""
 
-    data_dirs: tuple[str, ...] = (DEFAULT_DATA_DIR, "/var/lib/cni/networks")
+    data_dirs: tuple[str, ...] = (DEFAULT_DATA_DIR, HOST_LOCAL_DATA_DIR)
     resolv_conf_paths: tuple[str, ...] = ("/etc/resolv.conf", "/etc/tenantnet/resolv.d")
 
 

@@ -20,13 +20,12 @@ if TYPE_CHECKING:
 def confinement(node_config: str | None = None) -> Any:
     """The node config's limits on dataDir and resolvConf (the executable runs as root on
     tenant input just as the main plugin does)."""
-    from ipam.config import Confinement
-    from tenantnet import config
+    from tenantnet import config, ipam_client
 
     node = config.load(node_config)
     if node.source == "(defaults)":
         return None  # no node config: ipam.config's built-in defaults (the same directories)
-    return Confinement(node.ipam_data_dirs, node.resolv_conf_paths)
+    return ipam_client.confinement(node)
 
 
 def handle(env: CniEnv, raw: dict[str, Any], limits: Any = None) -> dict[str, Any] | None:

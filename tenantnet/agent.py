@@ -430,12 +430,10 @@ class Agent:
                 code, text = refused or skel.run(handler, environ, stdin, entry.log_unexpected)
             else:
                 from ipam import main as ipam_entry
-                from ipam.config import Confinement
+                from tenantnet.ipam_client import confinement
 
                 def ipam_handler(env: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
-                    node = self._node(node_path)
-                    limits = Confinement(node.ipam_data_dirs, node.resolv_conf_paths)
-                    return ipam_entry.handle(env, raw, limits)
+                    return ipam_entry.handle(env, raw, confinement(self._node(node_path)))
 
                 code, text = skel.run(ipam_handler, environ, stdin, ipam_entry.log_unexpected)
         finally:

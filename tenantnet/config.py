@@ -14,6 +14,7 @@ from typing import Any
 from cni.errors import CniError, Code
 from cni.hostfiles import plain_path_problem
 from cni.log import DEFAULT_LOG_FILE, level_number
+from ipam.config import DEFAULT_CONFINEMENT
 
 DEFAULT_PATH = "/etc/tenantnet/tenantnet.yaml"
 DEFAULT_OVSDB = "unix:/var/run/openvswitch/db.sock"
@@ -23,8 +24,8 @@ DEFAULT_AGENT_SOCKET = "/run/tenantnet/agent.sock"
 DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
 # What a NAD may name (docs/security.md): each path must be one of these or below one.
 DEFAULT_OVS_CONFIGURATION_PATHS = ("/etc/kubernetes/cni/net.d/ovs.d",)
-DEFAULT_RESOLV_CONF_PATHS = ("/etc/resolv.conf", "/etc/tenantnet/resolv.d")
-DEFAULT_IPAM_DATA_DIRS = ("/var/lib/tenantnet/ipam", "/var/lib/cni/networks")
+DEFAULT_RESOLV_CONF_PATHS = DEFAULT_CONFINEMENT.resolv_conf_paths
+DEFAULT_IPAM_DATA_DIRS = DEFAULT_CONFINEMENT.data_dirs
 PRECONDITIONS = {"eswitchSwitchdev": "warn", "hwTcOffload": "warn", "ovsHwOffload": "warn"}
 
 

@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from concurrent import futures
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
 
@@ -75,25 +75,20 @@ class Plugin:
     def add(self, env: CniEnv, conf: NetConf) -> dict[str, Any]:
         tconf = settings.settle(conf, env, self.node, self.log)
         driver = drivers.for_mode(tconf.mode, self.node)
-        problem = pod_netns_problem(env.netns)
-        if problem:
-            raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: {problem}")
+        _require_pod_netns(env)
         with self._locked(env):
             return self._add(env, conf, tconf, driver)
 
     @contextmanager
     def _locked(self, env: CniEnv) -> Iterator[None]:
         """Every call for this (container id, ifname) runs alone, across processes."""
-        lock = self.records.lock(env.container_id, env.ifname)
-        try:
-            lock.__enter__()
-        except OSError as exc:
-            raise CniError(Code.IO_FAILURE, f"cannot take the attachment lock under "
-                                            f"{self.records.state_dir}: {exc.strerror or exc}") from None
-        try:
+        with ExitStack() as held:
+            try:
+                held.enter_context(self.records.lock(env.container_id, env.ifname))
+            except OSError as exc:
+                raise CniError(Code.IO_FAILURE, f"cannot take the attachment lock under "
+                                                f"{self.records.state_dir}: {exc.strerror or exc}") from None
             yield
-        finally:
-            lock.__exit__(None, None, None)
 
     def _add(self, env: CniEnv, conf: NetConf, tconf: tnconf.TenantnetConf,
              driver: drivers.Driver) -> dict[str, Any]:
@@ -307,9 +302,7 @@ class Plugin:
         # The same decision as ADD: resolves "vlan": "tenant", and fails an attachment the
         # current policy would no longer allow.
         tconf = settings.settle(conf, env, self.node, self.log)
-        problem = pod_netns_problem(env.netns)
-        if problem:
-            raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: {problem}")
+        _require_pod_netns(env)
         with self._locked(env):
             self._check(env, conf, tconf)
 
@@ -497,6 +490,13 @@ class Plugin:
         except OSError as exc:
             raise CniError(Code.IO_FAILURE, f"cannot read attachment records under "
                                             f"{self.records.root}: {exc.strerror or exc}") from None
+
+
+def _require_pod_netns(env: CniEnv) -> None:
+    """CNI_NETNS must be a pod's network namespace (not the host's, not some other file)."""
+    problem = pod_netns_problem(env.netns)
+    if problem:
+        raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: {problem}")
 
 
 def _gc_env(env: CniEnv) -> CniEnv:

@@ -28,6 +28,7 @@ from cni.env import CniEnv
 from cni.errors import CniError, Code, invalid_config
 from cni.hostfiles import confined, confined_dir, read_confined, within
 from cni.netconf import NetConf, bounded_loads, ci_get
+from ipam.config import DEFAULT_DATA_DIR, HOST_LOCAL_DATA_DIR
 from tenantnet.config import NodeConfig, normalise_ovsdb_endpoint
 
 LOG_LEVELS = ("debug", "info", "warning", "error", "panic")
@@ -134,7 +135,7 @@ def ipam_type(conf: NetConf) -> str:
 
 
 # Where IPAM plugins we know keep their state when the config names no dataDir.
-DEFAULT_DATA_DIRS = {"host-local": "/var/lib/cni/networks", "tenantnet-ipam": "/var/lib/tenantnet/ipam"}
+DEFAULT_DATA_DIRS = {"host-local": HOST_LOCAL_DATA_DIR, "tenantnet-ipam": DEFAULT_DATA_DIR}
 
 
 def ipam_paths(ipam: dict[str, Any], node: NodeConfig) -> None:

@@ -20,8 +20,8 @@ from tenantnet.records import AttachmentRecord, PodRef
 from tenantnet.system import netlink, ovsdb
 
 EXT_NETWORK = "tenantnet-network"
-EXT_CONTAINER = "tenantnet-container-id"
-EXT_IFNAME = "tenantnet-ifname"
+EXT_CONTAINER = ovsdb.OWNER_CONTAINER
+EXT_IFNAME = ovsdb.OWNER_IFNAME
 EXT_NETNS = "tenantnet-netns"
 EXT_POD_NS = "tenantnet-pod-namespace"
 EXT_POD_NAME = "tenantnet-pod-name"

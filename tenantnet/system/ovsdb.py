@@ -20,6 +20,10 @@ from types import SimpleNamespace
 from typing import Any
 
 OWNER_KEY = "tenantnet-owner"
+# The attachment a port of ours serves, in its external_ids (written by tenantnet.drivers.ovs,
+# checked by ownership-aware deletes).
+OWNER_CONTAINER = "tenantnet-container-id"
+OWNER_IFNAME = "tenantnet-ifname"
 OWNER = "tenantnet"
 # Only the columns we read or write: the replica then carries no statistics, whose updates
 # ovs-vswitchd sends for every interface every few seconds (a burst of 1,000 ports made the
@@ -361,9 +365,6 @@ class Ovsdb:
         return bool(self._commit(f"deleting port {name}", delete, wait=wait or None))
 
 
-# The identity keys of a port's external_ids (written by tenantnet.drivers.ovs).
-OWNER_CONTAINER = "tenantnet-container-id"
-OWNER_IFNAME = "tenantnet-ifname"
 
 
 @functools.cache

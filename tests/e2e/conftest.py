@@ -35,7 +35,6 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -46,6 +45,7 @@ import pytest
 
 from tenantnet import lab as labmod
 from tenantnet.drivers.ovs import host_ifname
+from tests.polling import poll
 
 BIN = Path(sys.executable).parent
 CTL = str(BIN / "tenantnetctl")
@@ -340,10 +340,5 @@ def podman(podman_env: Podman) -> Iterator[Podman]:
 
 
 def wait_until(predicate: Any, timeout: float = 15.0, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(interval)
+    """tests/polling.py's poller, with the e2e tier's patience (podman is slow)."""
+    return poll(predicate, timeout, interval)

@@ -229,13 +229,29 @@ def new_cid() -> str:
     return uuid.uuid4().hex + uuid.uuid4().hex
 
 
-@pytest.fixture
-def plugin(lab: Lab) -> Iterator[PluginRunner]:
+def _runner(lab: Lab) -> Iterator[PluginRunner]:
     runner = PluginRunner(lab)
     yield runner
     # Best-effort teardown of whatever a failing test left attached.
     for conf, cid, ifname in reversed(runner.cleanups):
         runner.call("DEL", conf, cid, "", ifname)
+
+
+@pytest.fixture
+def plugin(lab: Lab) -> Iterator[PluginRunner]:
+    yield from _runner(lab)
+
+
+@pytest.fixture
+def vfp(nic_lab: Lab) -> Iterator[PluginRunner]:
+    """The plugin on the lab with a simulated SR-IOV NIC."""
+    yield from _runner(nic_lab)
+
+
+@pytest.fixture
+def off(switchdev_lab: Lab) -> Iterator[PluginRunner]:
+    """The plugin on the lab whose simulated NIC is in switchdev mode."""
+    yield from _runner(switchdev_lab)
 
 
 @pytest.fixture

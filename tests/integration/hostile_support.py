@@ -34,7 +34,6 @@ import sqlite3
 import stat
 import struct
 import subprocess
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -534,11 +533,3 @@ def release_fifos(paths: Iterable[str]) -> bool:
     return woke
 
 
-def wait_until(predicate: Any, timeout: float, step: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(step)

@@ -79,12 +79,16 @@ def agent_node_config(lab: Lab, run_dir: Path) -> Path:
     return path
 
 
-def start_agent(node_config: Path, *args: str, wait: bool = True) -> AgentProcess:
+def start_agent(node_config: Path, *args: str, wait: bool = True,
+                extra_env: dict[str, str] | None = None) -> AgentProcess:
+    """`tenantnetctl agent run` for `node_config`; `extra_env` is added to its environment
+    (the fault sweep starts agents with a crash point set)."""
     socket_path, _ = shim.agent_socket_of(str(node_config))
     log = node_config.parent / f"agent-{uuid.uuid4().hex[:6]}.err"
+    env = {**os.environ, **extra_env} if extra_env else None
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "tenantnet.agent", "--node-config", str(node_config),
-                                 "run", *args], stdout=subprocess.DEVNULL, stderr=err)
+                                 "run", *args], stdout=subprocess.DEVNULL, stderr=err, env=env)
     handle = AgentProcess(proc, socket_path, node_config, log)
     if wait:
         def answers() -> bool:

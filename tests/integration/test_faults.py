@@ -59,10 +59,8 @@ import shutil
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,7 +68,7 @@ from typing import Any
 
 import pytest
 
-from tenantnet import faults, shim
+from tenantnet import faults
 from tenantnet.lab_nic import LabNic
 from tests.integration import nodestate
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Invocation, Lab, Netns, new_cid
@@ -527,33 +525,6 @@ def test_kill_add_then_recover(pods, mode, fault, how):
 
 # ---- the same through the agent ------------------------------------------------------------------
 
-def start_faulty_agent(node_config: Path, fault: str) -> AgentProcess:
-    """As test_agent.start_agent, with the fault in the agent's own environment."""
-    socket_path, _ = shim.agent_socket_of(str(node_config))
-    log = node_config.parent / f"agent-{uuid.uuid4().hex[:6]}.err"
-    env = {**os.environ, faults.FAULT_ENV: fault}
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.agent", "--node-config", str(node_config),
-                                 "run"], stdout=subprocess.DEVNULL, stderr=err, env=env)
-    handle = AgentProcess(proc, socket_path, node_config, log)
-
-    def answers() -> bool:
-        try:
-            handle.status()
-            return True
-        except (shim.AgentUnavailable, shim.AgentFailed):
-            if proc.poll() is not None:
-                raise AssertionError(f"the agent exited with code {proc.returncode}: {log.read_text()}") from None
-            return False
-
-    try:
-        wait_until(answers, 20, "the agent to answer STATUS")
-    except AssertionError:
-        handle.kill()
-        raise
-    return handle
-
-
 @pytest.fixture
 def agent_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="tnfa-"))
@@ -569,7 +540,7 @@ def test_kill_add_through_agent_then_del(pods, agent_dir, mode, fault):
     started: list[AgentProcess] = []
     try:
         before = nodestate.snapshot(node.lab, [pod.ns])
-        started.append(faulty := start_faulty_agent(config, fault))
+        started.append(faulty := start_agent(config, extra_env={faults.FAULT_ENV: fault}))
         inv = node.call("ADD", pod.conf, pod.cid, pod.ns.path, node_config=config)
         try:
             died = faulty.proc.wait(timeout=10)

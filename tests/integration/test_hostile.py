@@ -62,6 +62,7 @@ from tests.integration import hostile_support as hs
 from tests.integration import nodestate
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, new_cid
 from tests.integration.test_agent import AgentProcess, agent_node_config, start_agent
+from tests.polling import poll
 
 INPROC_TIMEOUT = 12.0
 AGENT_TIMEOUT = 8  # TENANTNET_AGENT_TIMEOUT: the shim's bound on the agent's answer
@@ -681,7 +682,7 @@ class AgentHolder:
             self.start()
             return problems
         # A child (an IPAM exec) may still be finishing after a late answer: give it a moment.
-        hs.wait_until(lambda: not hs.descendants(self.pid), 1.5)
+        poll(lambda: not hs.descendants(self.pid), 1.5)
         stray = hs.descendants(self.pid)
         if stray:
             problems.append(f"the agent had child processes left after answering: {stray}")
@@ -693,7 +694,7 @@ class AgentHolder:
             except Exception:
                 return False
 
-        if not hs.wait_until(idle, 5):
+        if not poll(idle, 5):
             problems.append("the agent still had a request in flight 5 s after the answer (a wedged worker)")
             self.stop()
             self.start()

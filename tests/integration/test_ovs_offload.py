@@ -11,14 +11,6 @@ from tenantnet.lab_nic import LabNic, LabVfControl
 from tests.integration.conftest import PluginRunner, new_cid
 
 
-@pytest.fixture
-def off(switchdev_lab):
-    runner = PluginRunner(switchdev_lab)
-    yield runner
-    for conf, cid, ifname in reversed(runner.cleanups):
-        runner.call("DEL", conf, cid, "", ifname)
-
-
 def nic(lab):
     return LabNic(str(lab.root)).describe()[0]
 

@@ -10,15 +10,7 @@ from pathlib import Path
 import pytest
 
 from tenantnet.lab_nic import LabNic, LabVfControl
-from tests.integration.conftest import PLUGIN, PluginRunner, new_cid
-
-
-@pytest.fixture
-def vfp(nic_lab):
-    runner = PluginRunner(nic_lab)
-    yield runner
-    for conf, cid, ifname in reversed(runner.cleanups):
-        runner.call("DEL", conf, cid, "", ifname)
+from tests.integration.conftest import PLUGIN, new_cid
 
 
 def vfs(lab):

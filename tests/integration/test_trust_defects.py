@@ -339,22 +339,6 @@ class FileWatch:
         os.close(self.fd)
 
 
-@pytest.fixture
-def vfp(nic_lab: Lab) -> Iterator[PluginRunner]:
-    runner = PluginRunner(nic_lab)
-    yield runner
-    for conf, cid, ifname in reversed(runner.cleanups):
-        runner.call("DEL", conf, cid, "", ifname)
-
-
-@pytest.fixture
-def off(switchdev_lab: Lab) -> Iterator[PluginRunner]:
-    runner = PluginRunner(switchdev_lab)
-    yield runner
-    for conf, cid, ifname in reversed(runner.cleanups):
-        runner.call("DEL", conf, cid, "", ifname)
-
-
 # ==== 1. root file write from a NAD =========================================================
 
 VERBS = ["ADD", "DEL", "CHECK", "GC", "STATUS"]

@@ -134,6 +134,10 @@ def test_shim_imports_nothing_outside_the_standard_library(tmp_path, stub, modul
 
 def test_shim_constants_follow_cni_version():
     assert shim.SUPPORTED == cniversion.SUPPORTED and shim.CURRENT == cniversion.CURRENT
+    # the shim refuses oversize stdin itself, with the bound the decoder applies
+    from cni.netconf import MAX_STDIN_BYTES
+
+    assert shim.MAX_STDIN == MAX_STDIN_BYTES
 
 
 # ---- finding the agent -----------------------------------------------------------------------
