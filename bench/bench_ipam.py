@@ -28,11 +28,15 @@ from typing import Any
 from cni.env import parse_env
 from cni.netconf import parse_netconf
 from ipam import plugin
+from ipam.config import Confinement
 from ipam.sqlite_store import SqliteStore
 from ipam.store import Allocation
 
 IPAM = Path(sys.executable).parent / "tenantnet-ipam"
 HOST_LOCAL = "/usr/lib/cni/host-local"
+# Every store of this benchmark lives in a temporary directory: allowed here as the node
+# config's `ipamDataDirs` would allow it (dataDir is confined, docs/security.md).
+LIMITS = Confinement(data_dirs=(tempfile.gettempdir(),))
 SUBNET = ipaddress.ip_network("10.128.0.0/16")
 
 
@@ -88,9 +92,9 @@ def per_allocation(samples: int, rnd: random.Random) -> dict[tuple[bool, float],
                     with store.transaction() as txn:
                         txn.set_last_reserved("bench", 0, cursor)
                 t0 = time.perf_counter()
-                plugin.add(env(f"b{i}"), netconf)
+                plugin.add(env(f"b{i}"), netconf, LIMITS)
                 times[key].append(time.perf_counter() - t0)
-                plugin.delete(env(f"b{i}", "DEL"), netconf)
+                plugin.delete(env(f"b{i}", "DEL"), netconf, LIMITS)
         return {key: statistics.median(v) for key, v in times.items()}
 
 
@@ -113,6 +117,9 @@ def exec_comparison(n: int) -> dict[str, float]:
     base.pop("PYTHONDONTWRITEBYTECODE", None)  # an installed package ships bytecode
     with tempfile.TemporaryDirectory() as d:
         base["PYTHONPYCACHEPREFIX"] = os.path.join(d, "pycache")
+        node_config = Path(d, "tenantnet.yaml")
+        node_config.write_text(f"logFile: {d}/log/tenantnet.log\nipamDataDirs: [{d}]\n")
+        base["TENANTNET_CONFIG"] = str(node_config)
         ours = json.dumps(conf(os.path.join(d, "ours"))).encode()
         theirs = json.dumps(conf(os.path.join(d, "hl"), "host-local")).encode()
         run_exec(str(IPAM), exec_env(base, "ADD", "warm"), ours)  # compiles the bytecode
@@ -139,12 +146,12 @@ def in_process_rate(n: int) -> tuple[float, float]:
         netconf = parse_netconf(conf(d))
         t0 = time.perf_counter()
         for i in range(n):
-            plugin.add(env(f"r{i}"), netconf)
+            plugin.add(env(f"r{i}"), netconf, LIMITS)
         adds = n / (time.perf_counter() - t0)
         t0 = time.perf_counter()
         for i in range(n):
-            plugin.add(env(f"s{i}"), netconf)
-            plugin.delete(env(f"s{i}", "DEL"), netconf)
+            plugin.add(env(f"s{i}"), netconf, LIMITS)
+            plugin.delete(env(f"s{i}", "DEL"), netconf, LIMITS)
         pairs = n / (time.perf_counter() - t0)
         return adds, pairs
 

@@ -33,7 +33,7 @@ from bench.common import (  # noqa: E402
     table,
     write_block,
 )
-from tenantnet import lab  # noqa: E402
+from tenantnet.lab import node as lab  # noqa: E402
 
 GO_HOST_DEVICE = "/usr/lib/cni/host-device"
 

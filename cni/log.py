@@ -41,7 +41,7 @@ def _one_line(_logger: Any, _name: str, event: dict[str, Any]) -> str:
 def open_log_stream(log_file: str) -> Any:
     """The log file opened for appending, mode 0640, never through a symlink, never a FIFO or
     a device; its directory is created 0700 if missing."""
-    from cni.hostfiles import ensure_private_dir, open_for_append
+    from hostfiles.confined import ensure_private_dir, open_for_append
 
     ensure_private_dir(os.path.dirname(log_file) or ".")
     return os.fdopen(open_for_append(log_file, 0o640), "a", encoding="utf-8")

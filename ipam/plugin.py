@@ -19,9 +19,9 @@ import threading
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
-from cni.hostfiles import confined_dir
 from cni.netconf import NetConf
 from cni.result import DNS, IPConfig, Result
+from hostfiles.confined import confined_dir
 from ipam import allocator
 from ipam.config import Confinement, IpamConfig, data_dir_of, parse_ipam, static_requests
 from ipam.sqlite_store import DB_NAME, SqliteStore

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from cni.hostfiles import read_confined
 from cni.result import DNS
+from hostfiles.confined import read_confined
 
 
 def parse_resolv_conf(path: str, allowed: Iterable[str]) -> DNS:
     """nameserver, domain, search and options lines; comments and unknown lines ignored.
-    Only a regular file inside `allowed`, at most 64 KiB (cni.hostfiles)."""
+    Only a regular file inside `allowed`, at most 64 KiB (hostfiles.confined)."""
     data = read_confined("ipam.resolvConf", path, allowed, "a file") or b""
     text = data.decode("utf-8", "replace")
     dns = DNS()

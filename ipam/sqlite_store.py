@@ -333,7 +333,7 @@ class SqliteStore(Store):
         self._reserve_used = False
         try:
             if create:
-                from cni.hostfiles import ensure_private_dir
+                from hostfiles.confined import ensure_private_dir
 
                 ensure_private_dir(data_dir)
                 # Create the file ourselves so it is 0600 whatever the umask (it names pods);

@@ -33,14 +33,14 @@ Run at image build time with the interpreter to bundle (any Debian-style CPython
 
     python3 packaging/build_runtime.py --site /build/site --out /opt/tenantnet/runtime
 
-Standard library only, plus `tenantnet.install` from the runtime being built (for the
+Standard library only, plus `tenantnet.ops.install` from the runtime being built (for the
 manifest digest and the launchers, so build and installer share one definition).
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import os
 import platform
@@ -57,10 +57,10 @@ FORMAT = 1
 
 # console script -> "module:function" (pyproject.toml's [project.scripts], plus the installer)
 ENTRYPOINTS: dict[str, str] = {
-    "tenantnet": "tenantnet.main:main",
-    "tenantnet-ipam": "ipam.main:main",
-    "tenantnetctl": "tenantnet.ctl:main",
-    "tenantnet-install": "tenantnet.install:main",
+    "tenantnet": "tenantnet.entry.plugin:main",
+    "tenantnet-ipam": "tenantnet.entry.ipam:main",
+    "tenantnetctl": "tenantnet.ops.ctl:main",
+    "tenantnet-install": "tenantnet.ops.install:main",
 }
 
 # Parts of the standard library a CNI plugin and its CLI never import; dropping them keeps
@@ -85,8 +85,9 @@ DLOPENED = ("libgcc_s.so.1", "librt.so.1")
 SELF_CHECK_IMPORTS = (
     "ssl", "sqlite3", "hashlib", "lzma", "bz2", "zlib", "ctypes", "uuid", "decimal", "json",
     "yaml", "structlog", "pyroute2", "ovs.json", "ovs.timeval", "ovsdbapp.backend.ovs_idl",
-    "cni.skel", "ipam.main", "ipam.plugin", "tenantnet.main", "tenantnet.core", "tenantnet.ctl",
-    "tenantnet.install", "tenantnet.system.netns", "tenantnet.system.ovsdb",
+    "cni.skel", "ipam.plugin", "tenantnet.entry.ipam", "tenantnet.entry.plugin", "tenantnet.plugin.core",
+    "tenantnet.ops.ctl", "tenantnet.ops.install", "tenantnet.plugin.system.netns",
+    "tenantnet.plugin.system.ovsdb",
 )
 SELF_CHECK = """
 import importlib, sys, threading
@@ -231,14 +232,20 @@ def _importable(out: Path, module: str) -> bool:
 
 
 def _installer(out: Path) -> Any:
-    """tenantnet.install from the runtime's site/ (the code that will install this runtime)."""
-    path = out / "site" / "tenantnet" / "install.py"
-    spec = importlib.util.spec_from_file_location("_tenantnet_install", path)
-    if spec is None or spec.loader is None:
-        raise BuildError(f"no tenantnet/install.py in {out / 'site'}")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
+    """tenantnet.ops.install from the runtime's site/ (the code that will install this runtime),
+    imported as the package module it is, so that its own imports come from the same site/."""
+    site = (out / "site").resolve()
+    if not (site / "tenantnet" / "ops" / "install.py").is_file():
+        raise BuildError(f"no tenantnet/ops/install.py in {site}")
+    if str(site) not in sys.path:
+        sys.path.insert(0, str(site))
+    module = importlib.import_module("tenantnet.ops.install")
+    loaded = Path(module.__file__ or "").resolve()
+    # A caller that imported tenantnet already (the tests) keeps its copy: fine when it is
+    # the same code as the runtime's.
+    wanted = site / "tenantnet" / "ops" / "install.py"
+    if not loaded.is_relative_to(site) and loaded.read_bytes() != wanted.read_bytes():
+        raise BuildError(f"tenantnet.ops.install was imported from {loaded}, which differs from {wanted}")
     return module
 
 

@@ -17,7 +17,7 @@ Everything podman uses is private to the session and removed afterwards, also on
   cache there).
 * Every container gets `--cgroup-parent=/tenantnet-e2e-<random>` (the default, `libpod_parent`,
   would stay behind in every controller); we remove those cgroup directories at the end.
-* The OVS lab (`tenantnet.lab.up`) lives in our directory too.
+* The OVS lab (`tenantnet.lab.node.up`) lives in our directory too.
 
 What podman 4.3 cannot be told to put elsewhere: libcni's result cache in
 `/var/lib/cni/results` (`libcni.NewCNIConfig` with no cache dir) and the pod netns under
@@ -43,8 +43,8 @@ from typing import Any
 
 import pytest
 
-from tenantnet import lab as labmod
-from tenantnet.drivers.ovs import host_ifname
+from tenantnet.lab import node as labmod
+from tenantnet.plugin.drivers.ovs import host_ifname
 from tests.polling import poll
 
 BIN = Path(sys.executable).parent

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tenantnet import lab as labmod
+from tenantnet.lab import node as labmod
 
 BIN = Path(sys.executable).parent
 PLUGIN = str(BIN / "tenantnet")
@@ -264,7 +264,7 @@ def no_leftovers(lab: Lab, plugin: PluginRunner) -> Iterator[None]:
 
     before = nodestate.snapshot(lab)
     yield
-    from tenantnet.drivers.ovs import host_ifname
+    from tenantnet.plugin.drivers.ovs import host_ifname
 
     assert nodestate.diff(before, nodestate.snapshot(lab)) == "", "the node state changed"
     assert lab.owned_ports() == [], "OVS ports left behind"

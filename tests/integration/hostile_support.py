@@ -390,7 +390,7 @@ def node_state(lab: Any, netns: str, own_ipam_dir: Path, nic: bool = False) -> N
         if attachments.exists() else frozenset()
     vfs: tuple[Any, ...] = ()
     if nic:
-        from tenantnet.lab_nic import LabNic, LabVfControl
+        from tenantnet.lab.nic import LabNic, LabVfControl
 
         ctl = LabVfControl(str(lab.root))
         rows = []

@@ -50,7 +50,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tenantnet.lab_nic import LabNic, LabVfControl
+from tenantnet.lab.nic import LabNic, LabVfControl
 
 GO_PLUGINS = "/usr/lib/cni"
 # Our executables, by name (the shim runs as `python -IS <venv>/bin/tenantnet`); any
@@ -286,7 +286,7 @@ def _executable_of(cmdline: list[str]) -> str | None:
     args = cmdline[:]
     if os.path.basename(args[0]).startswith("python"):
         args = [a for a in args[1:] if not a.startswith("-") or a == "-m"]
-        if args[:2] == ["-m", "tenantnet.agent"]:
+        if args[:2] == ["-m", "tenantnet.entry.agent"]:
             return "tenantnet-agent"
         if not args:
             return None

@@ -29,8 +29,8 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tenantnet import agent as agentmod
-from tenantnet import shim
+from tenantnet.entry import agent as agentmod
+from tenantnet.entry import shim
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, new_cid
 
 T = TypeVar("T")
@@ -48,7 +48,7 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: 
 
 @dataclass
 class AgentProcess:
-    """A `python -m tenantnet.agent run` started by a test; stopped by its pid."""
+    """A `python -m tenantnet.entry.agent run` started by a test; stopped by its pid."""
 
     proc: subprocess.Popen[bytes]
     socket: str
@@ -87,7 +87,7 @@ def start_agent(node_config: Path, *args: str, wait: bool = True,
     log = node_config.parent / f"agent-{uuid.uuid4().hex[:6]}.err"
     env = {**os.environ, **extra_env} if extra_env else None
     with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.agent", "--node-config", str(node_config),
+        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.entry.agent", "--node-config", str(node_config),
                                  "run", *args], stdout=subprocess.DEVNULL, stderr=err, env=env)
     handle = AgentProcess(proc, socket_path, node_config, log)
     if wait:
@@ -232,7 +232,7 @@ def test_stalled_agent_makes_the_shim_give_up_with_code_11(lab, run_dir, agents,
 def test_missing_agent_status_50_other_verbs_in_process(lab, run_dir, agents, netns_factory):
     node = agent_node_config(lab, run_dir)
     conf = {"cniVersion": "1.1.0", "name": "gone", "type": "tenantnet", "bridge": lab.bridge}
-    health = [sys.executable, "-m", "tenantnet.agent", "--node-config", str(node), "status"]
+    health = [sys.executable, "-m", "tenantnet.entry.agent", "--node-config", str(node), "status"]
     code, out, _ = call(shim_env(node, "STATUS"), conf)
     assert code == 1 and out["code"] == 50 and "agent" in out["msg"]
     assert subprocess.run(health, capture_output=True, check=False).returncode == 3
@@ -253,7 +253,7 @@ def test_missing_agent_status_50_other_verbs_in_process(lab, run_dir, agents, ne
 
 def test_agent_sigkilled_during_burst_then_del_of_everything_leaves_nothing(lab, run_dir, agents,
                                                                           netns_factory):
-    from tenantnet.drivers.ovs import host_ifname
+    from tenantnet.plugin.drivers.ovs import host_ifname
 
     node = agent_node_config(lab, run_dir)
     agents.append(first := start_agent(node))

@@ -68,14 +68,14 @@ from typing import Any
 
 import pytest
 
-from tenantnet import faults
-from tenantnet.lab_nic import LabNic
+from tenantnet.lab.nic import LabNic
+from tenantnet.plugin import faults
 from tests.integration import nodestate
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Invocation, Lab, Netns, new_cid
 from tests.integration.test_agent import AgentProcess, agent_node_config, start_agent, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
-SOURCE_ROOTS = ("tenantnet", "cni", "ipam")
+SOURCE_ROOTS = ("tenantnet", "cni", "hostfiles", "ipam")
 DRIVERS = REPO / "tenantnet" / "drivers"
 MODES = ("ovs", "sriov", "ovs-offload")
 LAB_FIXTURE = {"ovs": "lab", "sriov": "nic_lab", "ovs-offload": "switchdev_lab"}
@@ -187,7 +187,7 @@ def _saves_per_add() -> int:
         for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_add"):
             return sum(1 for n in ast.walk(fn) if isinstance(n, ast.Call)
                        and isinstance(n.func, ast.Attribute) and n.func.attr == "save")
-    raise AssertionError("tenantnet/core.py has no Plugin._add: teach test_faults.py how ADD saves records")
+    raise AssertionError("tenantnet/plugin/core.py has no Plugin._add: teach test_faults.py how ADD saves records")
 
 
 def enumerate_steps() -> tuple[dict[str, Step], list[str], dict[Path, set[str]]]:
@@ -197,7 +197,7 @@ def enumerate_steps() -> tuple[dict[str, Step], list[str], dict[Path, set[str]]]
     for root in SOURCE_ROOTS:
         for path in sorted((REPO / root).rglob("*.py")):
             tree = _parse(path)
-            bare = any(isinstance(n, ast.ImportFrom) and n.module == "tenantnet.faults"
+            bare = any(isinstance(n, ast.ImportFrom) and n.module == "tenantnet.plugin.faults"
                        and any(a.name == "step" for a in n.names) for n in ast.walk(tree))
             finder = _StepFinder(path, bare)
             finder.visit(tree)
@@ -241,7 +241,7 @@ STEPS, STEP_PROBLEMS, DRIVER_MODES = enumerate_steps()
 
 
 def reachable(step: str, mode: str) -> bool:
-    """Mode ovs writes no device-info file (tenantnet/netconf.py: device_info_file is None
+    """Mode ovs writes no device-info file (tenantnet/plugin/tnconf.py: device_info_file is None
     there), so its device-info steps cannot be reached; proven by a test below."""
     return not (mode == "ovs" and "devinfo" in step)
 

@@ -2,7 +2,7 @@
 
 Each example starts from the valid `ovs` NetConf of `PluginRunner.conf()`, lets hypothesis
 replace, insert or drop the fields a tenant writes (docs/security.md: the whole network
-config on stdin, and `CNI_ARGS`), runs ADD in-process (`tenantnet.main.run_in_process`) in a
+config on stdin, and `CNI_ARGS`), runs ADD in-process (`tenantnet.entry.plugin.run_in_process`) in a
 fresh netns and then DEL with the same input, and checks:
 
 - ADD prints exactly one JSON document: a result, or an error with an int code < 200 and a
@@ -776,7 +776,7 @@ class Fuzz:
                 "TENANTNET_CONFIG": str(self.lab.node_config)}
 
     def call(self, env: dict[str, str], stdin: bytes) -> Call:
-        from tenantnet.main import run_in_process
+        from tenantnet.entry.plugin import run_in_process
 
         started = time.monotonic()
         with ChildWatch() as watch:
@@ -854,7 +854,7 @@ class Fuzz:
         """Host links of this example that appeared: its host veth, a pod end that landed in the
         host, or any link whose alias names its container. (Not a plain diff: this machine
         runs other labs at the same time, whose links come and go.)"""
-        from tenantnet.drivers.ovs import host_ifname
+        from tenantnet.plugin.drivers.ovs import host_ifname
 
         ours = {host_ifname(cid, IFNAME), IFNAME}
         return {n for n, alias in after["links"].items()

@@ -740,7 +740,7 @@ def make_ctx(h: Hostile, lab: Lab, which: str) -> LabCtx:
               "SOCKDIRNAME": os.path.basename(os.path.dirname(sock)), "BRIDGE": lab.bridge}
     nic = which == "nic"
     if nic:
-        from tenantnet.lab_nic import LabNic
+        from tenantnet.lab.nic import LabNic
 
         (pf,) = LabNic(str(lab.root)).describe()
         values.update(VF0=pf["vfs"][0]["address"], PFADDR=pf["pfAddress"])
@@ -1025,7 +1025,7 @@ def test_base_config_is_accepted(hx: Hostile, control: str, way: str, request: p
 
 @pytest.mark.parametrize("c,way", RUNS)
 def test_hostile(hx: Hostile, c: Case, way: str, request: pytest.FixtureRequest) -> None:
-    from tenantnet.drivers.ovs import host_ifname
+    from tenantnet.plugin.drivers.ovs import host_ifname
 
     h = hx
     ctx = h.ctx(c.lab, request.getfixturevalue("nic_lab" if c.lab == "nic" else "lab"))
@@ -1111,7 +1111,7 @@ def test_host_veth_carries_the_ownership_mark(hx: Hostile, lab: Lab) -> None:
     """docs/security.md: a DEL without a record acts only on links carrying this attachment's
     mark in their ifalias — so an ADD must leave the mark on the host veth it creates (the
     kernel ignores IFLA_IFALIAS in the RTM_NEWLINK that creates a link; it takes a setlink)."""
-    from tenantnet.drivers.ovs import host_ifname
+    from tenantnet.plugin.drivers.ovs import host_ifname
 
     h = hx
     ctx = h.ctx("lab", lab)

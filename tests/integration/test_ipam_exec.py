@@ -129,7 +129,7 @@ def connect(*a, **kw):
     db.set_trace_callback(trace)
     return db
 sqlite3.connect = connect
-from ipam.main import main
+from tenantnet.entry.ipam import main
 sys.exit(main())
 """
 
@@ -227,7 +227,7 @@ def test_same_addresses_as_host_local_for_the_same_sequence(tmp_path: Path,
     # and the operators' import takes host-local's state over unchanged
     store_dir = tmp_path / "imported"
     cli = subprocess.run(
-        [sys.executable, "-m", "ipam.cli", "ipam", "import-host-local", str(tmp_path / "hl"),
+        [sys.executable, "-m", "tenantnet.ops.ipamctl", "ipam", "import-host-local", str(tmp_path / "hl"),
          "--data-dir", str(store_dir), "--json"],
         env=proc_env, capture_output=True, text=True, check=False)
     assert cli.returncode == 0, cli.stderr

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tenantnet.harness import Pod
+from tenantnet.ops.harness import Pod
 from tests.integration import nodestate
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
@@ -115,7 +115,7 @@ def test_short_form_and_unwinding_on_failure(nic_lab, tmp_path):
 
 
 def test_device_info_file_is_merged_and_written_atomically(tmp_path):
-    from tenantnet import devinfo
+    from tenantnet.plugin import devinfo
 
     path = tmp_path / "devinfo" / "ns-nad-cid_net1"
     path.parent.mkdir()

@@ -17,10 +17,9 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tenantnet import config
-from tenantnet.offload import render, source
-from tenantnet.offload.flows import SOFTWARE, parse_dump_flows
-from tenantnet.offload.report import (
+from tenantnet.ops.flowreport import render, source
+from tenantnet.ops.flowreport.flows import SOFTWARE, parse_dump_flows
+from tenantnet.ops.flowreport.report import (
     Filters,
     attachment_offload,
     build_report,
@@ -28,7 +27,8 @@ from tenantnet.offload.report import (
     snapshot_from_text,
     view_of,
 )
-from tenantnet.records import RecordStore
+from tenantnet.plugin import nodeconfig as config
+from tenantnet.plugin.records import RecordStore
 from tests.integration.conftest import new_cid
 from tests.unit.test_offload import parse_exposition
 
@@ -37,12 +37,12 @@ NET = "offl100"
 
 def _command(lab) -> list[str]:
     """`tenantnetctl offload` once ctl.py registers it; until then the module's own entry."""
-    from tenantnet.ctl import build_parser
+    from tenantnet.ops.ctl import build_parser
 
     commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
     if "offload" in commands:
         return [str(Path(sys.executable).parent / "tenantnetctl"), "--node-config", str(lab.node_config), "offload"]
-    return [sys.executable, "-m", "tenantnet.offload.cli", "--node-config", str(lab.node_config)]
+    return [sys.executable, "-m", "tenantnet.ops.flowreport.cli", "--node-config", str(lab.node_config)]
 
 
 def ctl(lab, *args: str, timeout: float = 20) -> subprocess.CompletedProcess[str]:

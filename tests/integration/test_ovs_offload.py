@@ -7,7 +7,7 @@ import subprocess
 
 import pytest
 
-from tenantnet.lab_nic import LabNic, LabVfControl
+from tenantnet.lab.nic import LabNic, LabVfControl
 from tests.integration.conftest import PluginRunner, new_cid
 
 

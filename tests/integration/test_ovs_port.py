@@ -8,7 +8,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tenantnet.drivers.ovs import host_ifname
+from tenantnet.plugin.drivers.ovs import host_ifname
 
 
 def test_ovs_wait_returns_with_the_port_in_the_datapath(lab: Any, plugin: Any, netns_factory: Any,
@@ -41,7 +41,7 @@ def test_host_end_has_no_ipv6_address(lab: Any, plugin: Any, netns_factory: Any,
 
 def test_two_ovsdb_endpoints_in_one_process_stay_apart(lab: Any, nic_lab: Any) -> None:
     """ovsdbapp keeps its connection on the API class; each endpoint must get its own."""
-    from tenantnet.system import ovsdb
+    from tenantnet.plugin.system import ovsdb
 
     plain, nic = ovsdb.connect(lab.ovsdb), ovsdb.connect(nic_lab.ovsdb)
     assert plain is not nic

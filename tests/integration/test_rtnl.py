@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tenantnet.system import netlink
+from tenantnet.plugin.system import netlink
 
 
 @pytest.fixture

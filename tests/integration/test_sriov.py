@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tenantnet.lab_nic import LabNic, LabVfControl
+from tenantnet.lab.nic import LabNic, LabVfControl
 from tests.integration.conftest import PLUGIN, new_cid
 
 
@@ -284,8 +284,8 @@ def test_fifty_add_del_cycles_leave_every_vf_as_it_was(nic_lab, netns_factory):
     from cni import log
     from cni.env import parse_env
     from cni.netconf import parse_netconf
-    from tenantnet import config
-    from tenantnet.core import Plugin
+    from tenantnet.plugin import nodeconfig as config
+    from tenantnet.plugin.core import Plugin
 
     node = config.load(str(nic_lab.node_config))
     log.setup(node.log_file, "warning", stderr=False)

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tenantnet import lab as labmod
-from tenantnet.lab_nic import LabNic, LabVfControl
-from tenantnet.simnic import connectx_pf
+from tenantnet.lab import node as labmod
+from tenantnet.lab.nic import LabNic, LabVfControl
+from tenantnet.lab.nicsysfs import connectx_pf
 from tests.integration.conftest import Lab, Netns, PluginRunner, new_cid
 from tests.integration.test_trust_defects import CTL, node_settings, pod_link, write_node
 

@@ -34,10 +34,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tenantnet import lab as labmod
-from tenantnet import shim
-from tenantnet.drivers.ovs import host_ifname
-from tenantnet.lab_nic import LabVfControl
+from tenantnet.entry import shim
+from tenantnet.lab import node as labmod
+from tenantnet.lab.nic import LabVfControl
+from tenantnet.plugin.drivers.ovs import host_ifname
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, Netns, PluginRunner, new_cid
 from tests.integration.test_agent import AgentProcess, call, shim_env
 from tests.integration.test_ovs_offload import conf_for, nic, vf_snapshot
@@ -54,7 +54,7 @@ HOSTILE_TIMEOUT = 20.0
 
 def node_settings(lab: Lab) -> dict[str, Any]:
     """The lab's node config as a mapping, for reading the directories it allows: a key
-    docs/security.md added that the lab's config lacks is filled in as tenantnet/lab.py
+    docs/security.md added that the lab's config lacks is filled in as tenantnet/lab/node.py
     writes it."""
     data = yaml.safe_load(lab.node_config.read_text()) or {}
     root = lab.root
@@ -1414,7 +1414,7 @@ def start_agent(node: Path, *args: str) -> AgentProcess:
     socket_path, _ = shim.agent_socket_of(str(node))
     log = node.parent / f"agent-{tag()[:6]}.err"
     with open(log, "wb") as err:
-        proc = subprocess.Popen(["prlimit", f"--as={AGENT_MEMORY_LIMIT}", sys.executable, "-m", "tenantnet.agent",
+        proc = subprocess.Popen(["prlimit", f"--as={AGENT_MEMORY_LIMIT}", sys.executable, "-m", "tenantnet.entry.agent",
                                  "--node-config", str(node), "run", *args],
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     handle = AgentProcess(proc, socket_path, node, log)

@@ -9,8 +9,8 @@ import stat
 import pytest
 
 from cni.errors import CniError
-from tenantnet import config
-from tenantnet.records import AttachmentRecord, CorruptRecord, PodRef, RecordStore
+from tenantnet.plugin import nodeconfig as config
+from tenantnet.plugin.records import AttachmentRecord, CorruptRecord, PodRef, RecordStore
 
 
 def test_missing_node_config_means_defaults(tmp_path):

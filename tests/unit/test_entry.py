@@ -47,7 +47,7 @@ def test_version_does_not_import_heavy_libraries():
         "import sys, io, os\n"
         "os.environ['CNI_COMMAND'] = 'VERSION'\n"
         "sys.stdin = io.TextIOWrapper(io.BytesIO(b'{\"cniVersion\":\"1.0.0\"}'))\n"
-        "from tenantnet import main\n"
+        "from tenantnet.entry import plugin as main\n"
         "try:\n    main.main()\nexcept SystemExit:\n    pass\n"
         "heavy = [m for m in ('pyroute2', 'ovsdbapp', 'structlog', 'yaml') if m in sys.modules]\n"
         "sys.stderr.write(repr(heavy))\n"

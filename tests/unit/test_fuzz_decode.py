@@ -504,7 +504,7 @@ def test_prev_result_from_dict(raw):
 
 
 def _handler(env, raw):
-    """What `tenantnet.main.dispatch` does before a plugin sees anything: parse the config."""
+    """What `tenantnet.entry.plugin.dispatch` does before a plugin sees anything: parse the config."""
     conf = parse_netconf(raw)
     if env.command == "ADD":
         return {"cniVersion": conf.cni_version}

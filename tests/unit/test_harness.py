@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from tenantnet.harness import HarnessError, Pod, load_network_config
+from tenantnet.ops.harness import HarnessError, Pod, load_network_config
 
 
 def test_pod_identity_is_deterministic():

@@ -1,4 +1,4 @@
-"""The installer (tenantnet/install.py), the runtime builder and the deployment manifests.
+"""The installer (tenantnet/ops/install.py), the runtime builder and the deployment manifests.
 
 Everything happens under tmp_path: the "host" is a directory passed as --host-root. Most
 tests use a small fake runtime (a manifest and a few files); the ones that exec a shim
@@ -23,8 +23,9 @@ import pytest
 import yaml
 
 from cni import version as cniversion
-from tenantnet import config, install
-from tenantnet.install import InstallError, Options
+from tenantnet.ops import install
+from tenantnet.ops.install import InstallError, Options
+from tenantnet.plugin import nodeconfig as config
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGING = REPO / "packaging"
@@ -395,7 +396,7 @@ def test_register_adds_install_to_a_subparsers_object(host: Path, runtime: insta
 def test_wait_stays_resident_until_sigterm(host: Path, runtime: install.Runtime) -> None:
     """The DaemonSet's main container: check, then sleep until SIGTERM, then exit 0 at once."""
     install.install(opts(host, runtime), lambda _: None)
-    proc = subprocess.Popen([sys.executable, "-m", "tenantnet.install", "--host-root", str(host),
+    proc = subprocess.Popen([sys.executable, "-m", "tenantnet.ops.install", "--host-root", str(host),
                              "--status", "--wait"], stdout=subprocess.PIPE, text=True, cwd=REPO)
     try:
         assert proc.stdout is not None
@@ -438,14 +439,14 @@ def real_runtime(tmp_path_factory: pytest.TempPathFactory) -> install.Runtime:
     work = tmp_path_factory.mktemp("build")
     site = work / "site"
     site.mkdir()
-    for pkg in ("cni", "ipam", "tenantnet"):
+    for pkg in ("cni", "hostfiles", "ipam", "tenantnet"):
         shutil.copytree(REPO / pkg, site / pkg, ignore=shutil.ignore_patterns("__pycache__"))
     out = work / "runtime"
     # no byte-compiling (speed); the self-check limited to what this partial site/ can import
     build_runtime.build(out, site, Path(SYSTEM_PYTHON), Path(BUSYBOX), version="0.1.0",
                         compile_bytecode=False,
-                        self_check_imports=("ssl", "sqlite3", "ctypes", "cni.skel", "ipam.main",
-                                            "tenantnet.main", "tenantnet.install"))
+                        self_check_imports=("ssl", "sqlite3", "ctypes", "cni.skel", "tenantnet.entry.ipam",
+                                            "tenantnet.entry.plugin", "tenantnet.ops.install"))
     return install.load_runtime(out)
 
 
@@ -580,7 +581,7 @@ def test_configmap_is_a_valid_node_config(tmp_path: Path) -> None:
 
 
 def test_daemonset_runs_the_agent_where_the_shims_look_for_it(tmp_path: Path) -> None:
-    from tenantnet import shim
+    from tenantnet.entry import shim
 
     spec = _daemonset()["spec"]["template"]["spec"]
     agent = next(c for c in spec["containers"] if c["name"] == "agent")

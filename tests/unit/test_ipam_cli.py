@@ -1,4 +1,4 @@
-"""ipam.cli (`tenantnetctl ipam …`) and the host-local import, on a temporary store."""
+"""tenantnet.ops.ipamctl (`tenantnetctl ipam …`) and the host-local import, on a temporary store."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ import pytest
 
 from cni.env import parse_env
 from cni.netconf import parse_netconf
-from ipam import cli, plugin
+from ipam import plugin
+from tenantnet.ops import ipamctl as cli
 
 pytestmark = pytest.mark.usefixtures("allow_tmp_ipam")
 

@@ -1,4 +1,4 @@
-"""ipam.plugin (the in-process API) and ipam.main's handler, run through cni.skel in-process."""
+"""ipam.plugin (the in-process API) and tenantnet.entry.ipam's handler, run through cni.skel in-process."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from cni import skel
 from cni.env import parse_env
 from cni.errors import CniError, Code
 from cni.netconf import parse_netconf
-from ipam import main as ipam_main
 from ipam import plugin
+from tenantnet.entry import ipam as ipam_main
 
 pytestmark = pytest.mark.usefixtures("allow_tmp_ipam")
 

@@ -9,8 +9,8 @@ import pytest
 from cni.env import parse_env
 from cni.errors import CniError
 from cni.netconf import ci_get, decode_json, parse_netconf, valid_attachments
-from tenantnet import netconf as tn
-from tenantnet.config import NodeConfig
+from tenantnet.plugin import tnconf as tn
+from tenantnet.plugin.nodeconfig import NodeConfig
 
 ENV = parse_env({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_NETNS": "/run/netns/x",
                  "CNI_IFNAME": "net1", "CNI_ARGS": "IgnoreUnknown=1;MAC=02:00:00:00:00:02"})
@@ -134,7 +134,7 @@ def test_bad_ovs_fields(kw, code, needle):
 
 
 def test_every_mode_has_a_driver():
-    from tenantnet.drivers.base import for_mode
+    from tenantnet.plugin.drivers.base import for_mode
 
     assert [for_mode(m, NodeConfig()).mode for m in tn.MODES] == list(tn.MODES)
     with pytest.raises(CniError):
@@ -142,7 +142,7 @@ def test_every_mode_has_a_driver():
 
 
 def test_host_ifname_is_deterministic_and_short():
-    from tenantnet.drivers.ovs import host_ifname
+    from tenantnet.plugin.drivers.ovs import host_ifname
 
     a = host_ifname("c" * 64, "net1")
     assert a == host_ifname("c" * 64, "net1") and len(a) <= 15 and a.startswith("tn")

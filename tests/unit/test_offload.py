@@ -15,9 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenantnet.config import NodeConfig
-from tenantnet.offload import cli, render, source
-from tenantnet.offload.flows import (
+from tenantnet.ops.flowreport import cli, render, source
+from tenantnet.ops.flowreport.flows import (
     OFFLOADED,
     PARTIAL,
     SOFTWARE,
@@ -29,7 +28,7 @@ from tenantnet.offload.flows import (
     parse_flow_line,
     resolve_ports,
 )
-from tenantnet.offload.report import (
+from tenantnet.ops.flowreport.report import (
     FINDING_SOURCES,
     Finding,
     attach_flows,
@@ -39,10 +38,11 @@ from tenantnet.offload.report import (
     summarize,
     view_of,
 )
-from tenantnet.offload.server import MetricsServer, parse_listen
-from tenantnet.offload.tc import parse_tc_filters
-from tenantnet.records import AttachmentRecord, PodRef
-from tenantnet.tenancy import parse_policy
+from tenantnet.ops.flowreport.server import MetricsServer, parse_listen
+from tenantnet.ops.flowreport.tc import parse_tc_filters
+from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.records import AttachmentRecord, PodRef
+from tenantnet.plugin.tenancy import parse_policy
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "offload"
 

@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from tenantnet.system import ovsjson
+from tenantnet.plugin.system import ovsjson
 
 MESSAGES = [
     {"id": 7, "result": [{"uuid": ["uuid", "0b7c3b1e-1111-4d2a-9b0e-2f7f5a0f0001"]}, {}], "error": None},

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from tenantnet.simnic import connectx_pf, write_representors, write_tree
-from tenantnet.system.sysfs import Sysfs, find_representor, representor_vf_index
+from tenantnet.lab.nicsysfs import connectx_pf, write_representors, write_tree
+from tenantnet.plugin.system.sysfs import Sysfs, find_representor, representor_vf_index
 
 
 @pytest.mark.parametrize("name,parsed", [
@@ -52,7 +52,7 @@ def test_other_switch_is_ignored(tmp_path):
 def test_representor_from_devlink_port_dump():
     from pathlib import Path
 
-    from tenantnet.system.sysfs import representor_from_devlink
+    from tenantnet.plugin.system.sysfs import representor_from_devlink
 
     dump = (Path(__file__).parent.parent / "fixtures" / "devlink" / "port-show-switchdev.json").read_text()
     assert representor_from_devlink("0000:06:00.0", 1, dump) == "ens2f0pf0vf1"
@@ -63,7 +63,7 @@ def test_representor_from_devlink_port_dump():
 
 
 def test_vf_of_representor_is_the_reverse_lookup(tmp_path):
-    from tenantnet.system.sysfs import vf_of_representor
+    from tenantnet.plugin.system.sysfs import vf_of_representor
 
     sysfs, vfs = switchdev_tree(tmp_path)
     assert [vf_of_representor(sysfs, f"ens1f0_{i}").address for i in range(3)] == [vf.address for vf in vfs]

@@ -1,4 +1,4 @@
-"""tenantnet.system.rtnl without a kernel: the bytes of every request it sends, decoded here field
+"""tenantnet.plugin.system.rtnl without a kernel: the bytes of every request it sends, decoded here field
 by field, and the reading of answers (links, addresses, errors, dumps).
 
 The constants and struct layouts below are copied from the kernel's uapi headers
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from tenantnet.system import rtnl
+from tenantnet.plugin.system import rtnl
 
 # --- include/uapi/linux/netlink.h ---
 NLMSG_ERROR, NLMSG_DONE = 2, 3

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from cni import version as cniversion
-from tenantnet import shim
+from tenantnet.entry import shim
 
 BIN = Path(sys.executable).parent
 
@@ -110,12 +110,13 @@ except SystemExit:
     pass
 new = sorted(set(sys.modules) - before)
 outside = [m for m in new if m.split(".")[0] not in sys.stdlib_module_names
-           and m not in ("tenantnet", "tenantnet.main", "tenantnet.shim", "ipam", "ipam.main")]
+           and m not in ("tenantnet", "tenantnet.entry", "tenantnet.entry.plugin", "tenantnet.entry.shim",
+                                          "tenantnet.entry.ipam")]
 sys.stderr.write("OUTSIDE=" + repr(outside))
 """
 
 
-@pytest.mark.parametrize("module", ["tenantnet.main", "ipam.main"])
+@pytest.mark.parametrize("module", ["tenantnet.entry.plugin", "tenantnet.entry.ipam"])
 @pytest.mark.parametrize("kind", ["answer", "stall"])
 def test_shim_imports_nothing_outside_the_standard_library(tmp_path, stub, module, kind):
     stub(kind, stub_out=b'{"ok": true}\n') if kind == "answer" else stub(kind)
@@ -154,7 +155,7 @@ def test_agent_socket_is_read_from_the_node_config(tmp_path, line, expected):
 
 
 def test_agent_socket_agrees_with_the_yaml_reading(tmp_path):
-    from tenantnet import config
+    from tenantnet.plugin import nodeconfig as config
 
     path = node_config(tmp_path, "agentSocket: '/run/y/agent.sock' # note")
     assert config.load(str(path)).agent_socket == shim.agent_socket_of(str(path))[0] == "/run/y/agent.sock"
@@ -163,7 +164,7 @@ def test_agent_socket_agrees_with_the_yaml_reading(tmp_path):
 
 def test_agent_socket_must_be_absolute(tmp_path):
     from cni.errors import CniError
-    from tenantnet import config
+    from tenantnet.plugin import nodeconfig as config
 
     with pytest.raises(CniError) as err:
         config.load(str(node_config(tmp_path, "agentSocket: relative.sock")))

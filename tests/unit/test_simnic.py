@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from tenantnet.simnic import SimPf, SimVf, connectx_pf, e810_pf, write_tree
-from tenantnet.system.sysfs import Sysfs
+from tenantnet.lab.nicsysfs import SimPf, SimVf, connectx_pf, e810_pf, write_tree
+from tenantnet.plugin.system.sysfs import Sysfs
 
 
 def snapshot(root: Path) -> dict[str, tuple[str, str]]:

@@ -1,5 +1,5 @@
 """sysfs discovery on fake trees shaped like an NVIDIA ConnectX and an Intel E810 (built with
-`tenantnet.simnic`): PF ↔ VF both ways, VF index, netdev, driver, NUMA node, RDMA, DPDK-bound
+`tenantnet.lab.nicsysfs`): PF ↔ VF both ways, VF index, netdev, driver, NUMA node, RDMA, DPDK-bound
 VFs, missing netdevs, and the message for every wrong address a user can give."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import os
 
 import pytest
 
-from tenantnet.simnic import connectx_pf, e810_pf, write_tree
-from tenantnet.system.sysfs import (
+from tenantnet.lab.nicsysfs import connectx_pf, e810_pf, write_tree
+from tenantnet.plugin.system.sysfs import (
     USERSPACE_DRIVERS,
     DeviceNotFound,
     NotAVirtualFunction,

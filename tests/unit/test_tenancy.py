@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from cni.errors import CniError
-from tenantnet.config import NodeConfig
-from tenantnet.tenancy import decide, load, parse_policy
+from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.tenancy import decide, load, parse_policy
 
 POLICY = {"networks": {"rail": {"bridge": "br-rail"}}, "tenants": {
     "a": {"namespaces": ["team-a", "team-a-*"], "networks": {"rail": {"vlans": [100, "110-112"]}},

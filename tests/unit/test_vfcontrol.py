@@ -21,8 +21,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenantnet.system.netlink import LinkNotFound, NetlinkProblem
-from tenantnet.system.vfcontrol import (
+from tenantnet.plugin.system.netlink import LinkNotFound, NetlinkProblem
+from tenantnet.plugin.system.vfcontrol import (
     VF_FIELDS,
     NetlinkVfControl,
     VfAttributeRefused,
@@ -570,7 +570,7 @@ def test_netlink_read_asks_for_vf_info_and_parses():
 
 
 def test_importing_does_not_import_pyroute2():
-    code = ("import sys, tenantnet.system.vfcontrol, tenantnet.system.sysfs, tenantnet.simnic; "
+    code = ("import sys, tenantnet.plugin.system.vfcontrol, tenantnet.plugin.system.sysfs, tenantnet.lab.nicsysfs; "
             "print(sorted(m for m in sys.modules if m.startswith('pyroute2')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -1,0 +1,591 @@
+"""The per-node agent (`tenantnetctl agent run`): serves the CNI verbs over a unix socket.
+
+This module owns the server side of the shim protocol (framing in `tenantnet/entry/shim.py`),
+admission (a bound on requests in flight, over it → CNI code 11 at once), serialisation of
+requests for one attachment, the worker pool, per-request JSON log lines, and the health
+report behind `tenantnetctl agent status`.
+
+It adds no behaviour of its own: every request runs through `cni.skel.run` with the same
+handlers as the in-process path (`tenantnet.entry.plugin.dispatch` on a `tenantnet.plugin.core.Plugin`,
+`tenantnet.entry.ipam.handle`), so an answer is byte for byte what the executable would print
+without an agent. What the agent keeps between requests is only what is expensive to
+rebuild and never authoritative: imported modules, one OVSDB connection per endpoint, a
+host netlink socket per worker thread, the open IPAM stores, parsed node configs. The
+truth stays on disk (attachment records, the IPAM store) and in OVSDB, so the agent can be
+SIGKILLed at any instant and a new one simply carries on (docs/agent.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import itertools
+import json
+import logging
+import os
+import signal
+import socket
+import stat
+import struct
+import sys
+import threading
+import time
+from concurrent import futures
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from tenantnet.entry import shim
+
+PLUGINS = ("tenantnet", "tenantnet-ipam")
+STATUS_OP = "-status"
+DEFAULT_MAX_INFLIGHT = 64
+DEFAULT_WORKERS = 8
+READ_TIMEOUT = 5.0  # a client that connects but does not send its request within this is dropped
+# A request is env + stdin; stdin is bounded at 1 MiB (cni.netconf), so this bounds the
+# memory 64 requests in flight can hold.
+MAX_REQUEST_FRAME = 4 << 20
+DEFAULT_WEDGED_AFTER = 120.0
+REJECT_READ_TIMEOUT = 0.2  # reading an over-limit request, only to answer in its cniVersion
+
+
+@dataclass
+class Stats:
+    started: float
+    served: int = 0
+    rejected: int = 0
+    expired: int = 0
+    protocol_errors: int = 0
+    inflight: int = 0
+    peak_inflight: int = 0
+
+
+class _StderrCapture(logging.Handler):
+    """What the in-process plugin would have written to stderr (warnings and errors), per
+    request thread, so the shim can print it to the caller's stderr."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self._local = threading.local()
+
+    def start(self) -> None:
+        self._local.lines = []
+
+    def stop(self) -> bytes:
+        lines = getattr(self._local, "lines", None) or []
+        self._local.lines = None
+        return "".join(lines).encode()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        lines = getattr(self._local, "lines", None)
+        if lines is not None:
+            try:
+                lines.append(self.format(record) + "\n")
+            except Exception:
+                pass
+
+
+class AgentError(Exception):
+    """The agent cannot start (socket directory unsafe, another agent running, bad config)."""
+
+
+def _rss_kb() -> tuple[int, int]:
+    """(current, peak) resident set size of this process in kB."""
+    rss = peak = 0
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmRSS:"):
+                    rss = int(line.split()[1])
+                elif line.startswith("VmHWM:"):
+                    peak = int(line.split()[1])
+    except OSError:
+        pass
+    return rss, peak
+
+
+def prepare_socket_dir(path: str) -> None:
+    """The socket's directory: created 0700, or refused if others could reach into it."""
+    directory = os.path.dirname(path) or "."
+    if not os.path.isdir(directory):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        os.chmod(directory, 0o700)  # makedirs' mode is filtered by the umask
+    st = os.stat(directory)
+    if st.st_uid != os.getuid() or st.st_mode & 0o077:
+        raise AgentError(f"socket directory {directory} must be owned by uid {os.getuid()} with mode "
+                         f"0700 (it is uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o}): "
+                         "anyone who can connect to the agent can attach pods")
+
+
+class Agent:
+    def __init__(self, socket_path: str, node_config: str, *, max_inflight: int = DEFAULT_MAX_INFLIGHT,
+                 workers: int = DEFAULT_WORKERS) -> None:
+        self.socket_path = socket_path
+        self.node_config = node_config
+        self.max_inflight = max_inflight
+        self.workers = workers
+        self.stats = Stats(started=time.time())
+        self._lock = threading.Lock()  # stats and admission
+        self._keys: dict[tuple[bytes, ...], list[Any]] = {}  # key -> [lock, users]
+        self._keys_lock = threading.Lock()
+        self._nodes: dict[str, tuple[tuple[int, int, int], Any]] = {}
+        self._ids = itertools.count(1)
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tenantnet-worker")
+        self._capture = _StderrCapture()
+        self._running: dict[int, float] = {}  # request id -> when its worker started it
+        self._listener: socket.socket | None = None
+        self._lock_fd = -1
+        self._inode = 0
+        self.log: Any = None
+
+    # ---- start / stop ---------------------------------------------------------------------
+    def start(self, log_file: str, log_level: str) -> None:
+        from cni import log
+
+        log.setup(log_file, log_level)
+        root = logging.getLogger()
+        self._capture.setFormatter(log.stderr_formatter())
+        root.addHandler(self._capture)
+        self.log = log.get("tenantnet.entry.agent")
+        prepare_socket_dir(self.socket_path)
+        # One agent per socket: the lock dies with its holder, even on SIGKILL, so a stale
+        # socket file left by a killed agent can be replaced safely.
+        self._lock_fd = os.open(self.socket_path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise AgentError(f"another tenantnet agent serves {self.socket_path}") from None
+        try:
+            os.unlink(self.socket_path)
+        except FileNotFoundError:
+            pass
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o177)  # the socket is born 0600: no window where others can connect
+        try:
+            listener.bind(self.socket_path)
+        finally:
+            os.umask(old)
+        os.chmod(self.socket_path, 0o600)
+        self._inode = os.stat(self.socket_path).st_ino
+        listener.listen(socket.SOMAXCONN)
+        listener.settimeout(0.5)  # wake up to notice a stop request
+        self._listener = listener
+        self._warm_up()
+        self.log.info("agent.started", pid=os.getpid(), socket=self.socket_path,
+                      max_inflight=self.max_inflight, workers=self.workers)
+
+    def _warm_up(self) -> None:
+        """Pay the imports and the OVSDB connect once, before the first request."""
+        import pyroute2  # noqa: F401
+
+        from cni import skel  # noqa: F401
+        from ipam import plugin as ipam_plugin  # noqa: F401
+        from tenantnet.entry import ipam as ipam_main  # noqa: F401
+        from tenantnet.entry import plugin as tn_main  # noqa: F401
+        from tenantnet.plugin import nodeconfig as config
+        from tenantnet.plugin.core import Plugin  # noqa: F401
+        from tenantnet.plugin.drivers import ovs  # noqa: F401
+
+        try:
+            node = self._node(self.node_config)
+            config.ovsdb_handle(node).api  # noqa: B018 - connects
+        except Exception as exc:  # not fatal: the first request retries and reports it
+            self.log.warning("agent.ovsdb_unavailable", error=str(exc))
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def serve_forever(self) -> None:
+        assert self._listener is not None
+        try:
+            while not self._stop.is_set():
+                try:
+                    conn, _ = self._listener.accept()
+                except TimeoutError:
+                    continue
+                except OSError as exc:
+                    self.log.error("agent.accept_failed", error=str(exc))
+                    time.sleep(0.05)
+                    continue
+                self._admit(conn)
+        finally:
+            self._shutdown()
+
+    def _shutdown(self) -> None:
+        if self._listener is not None:
+            self._listener.close()
+        try:
+            if os.stat(self.socket_path).st_ino == self._inode:
+                os.unlink(self.socket_path)
+        except OSError:
+            pass
+        deadline = time.monotonic() + 30
+        while self.stats.inflight and time.monotonic() < deadline:
+            time.sleep(0.02)
+        self._pool.shutdown(wait=True)
+        # No OVSDB close: ovsdbapp's stop waits up to a second for its thread, and exiting
+        # closes the connection just as well.
+        self.log.info("agent.stopped", served=self.stats.served, rejected=self.stats.rejected)
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+
+    # ---- admission ------------------------------------------------------------------------
+    def _admit(self, conn: socket.socket) -> None:
+        if not self._peer_allowed(conn):
+            conn.close()
+            return
+        with self._lock:
+            admitted = self.stats.inflight < self.max_inflight
+            if admitted:
+                self.stats.inflight += 1
+                self.stats.peak_inflight = max(self.stats.peak_inflight, self.stats.inflight)
+            else:
+                self.stats.rejected += 1
+        if admitted:
+            threading.Thread(target=self._serve, args=(conn,), name="tenantnet-conn", daemon=True).start()
+        else:
+            self._reject(conn)
+
+    def _peer_allowed(self, conn: socket.socket) -> bool:
+        # The 0600 socket in a 0700 directory is the gate; the peer's uid is checked too so
+        # a socket path misconfigured into a shared directory still serves only root.
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _, uid, _ = struct.unpack("3i", creds)
+        except OSError:
+            return False
+        return uid in (0, os.getuid())
+
+    def _reject(self, conn: socket.socket) -> None:
+        """Over the limit: answer code 11 now, in the request's cniVersion if it is at hand."""
+        stdin = b""
+        try:
+            conn.settimeout(REJECT_READ_TIMEOUT)
+            stdin = shim.decode_request(shim.recv_frame(conn))[2]
+        except Exception:
+            pass  # answer anyway, in the current version
+        msg = (f"tenantnet agent is busy: {self.max_inflight} requests in flight (the limit); "
+               "try again later")
+        self._reply(conn, 1, shim.error_json(stdin, shim.TRY_AGAIN_LATER, msg))
+        self.log.warning("request.rejected", limit=self.max_inflight)
+
+    def _reply(self, conn: socket.socket, code: int, out: bytes, err: bytes = b"") -> None:
+        try:
+            conn.settimeout(READ_TIMEOUT)
+            conn.sendall(shim.frame(shim.encode_response(code, out, err)))
+        except OSError:
+            pass  # the caller gave up (its time-out): the request itself is done or dropped
+        finally:
+            conn.close()
+
+    # ---- one request ----------------------------------------------------------------------
+    def _serve(self, conn: socket.socket) -> None:
+        arrived = time.monotonic()
+        try:
+            try:
+                conn.settimeout(READ_TIMEOUT)
+                frame = shim.recv_frame(conn, MAX_REQUEST_FRAME)
+                plugin, environ, stdin, deadline = shim.decode_request(frame)
+            except Exception as exc:
+                with self._lock:
+                    self.stats.protocol_errors += 1
+                self.log.warning("request.unreadable", error=f"{type(exc).__name__}: {exc}")
+                conn.close()
+                return
+            if plugin == STATUS_OP:
+                self._reply(conn, 0, json.dumps(self.status()).encode() + b"\n")
+                return
+            if plugin not in PLUGINS:
+                self._reply(conn, 1, shim.error_json(stdin, 100,
+                                                     f"tenantnet agent: unknown plugin {plugin!r}"))
+                return
+            if environ.get(b"CNI_COMMAND") == b"VERSION":
+                # Needs no worker: answered even when every worker is busy.
+                from cni import skel
+
+                code, text = skel.run(lambda *_: None, {"CNI_COMMAND": "VERSION"}, b"")
+                with self._lock:
+                    self.stats.served += 1
+                self._reply(conn, code, text.encode() + b"\n")
+                return
+            cid, ifname = environ.get(b"CNI_CONTAINERID", b""), environ.get(b"CNI_IFNAME", b"")
+            # The shim's deadline, on the host-wide monotonic clock; bounded in case of garbage.
+            deadline = min(deadline, arrived + 3600)
+            release = self._serialise((plugin.encode(), cid, ifname) if cid and ifname else None, deadline)
+            if release is None:
+                self._reply(conn, 1, shim.error_json(
+                    stdin, shim.TRY_AGAIN_LATER,
+                    "tenantnet agent: an earlier request for this attachment is still running; "
+                    "try again later"))
+                return
+            try:
+                work = self._pool.submit(self._execute, plugin, environ, stdin, arrived, deadline)
+            except BaseException:
+                release()
+                raise
+            # The key stays taken until the work itself ends, even if its caller is answered
+            # first (deadline): a retry must never run beside the attempt still in a worker.
+            work.add_done_callback(lambda _: release())
+            try:
+                code, out, err = work.result(timeout=max(deadline - time.monotonic(), 0.001))
+            except futures.TimeoutError:
+                with self._lock:
+                    self.stats.expired += 1
+                code, out, err = 1, shim.error_json(stdin, shim.TRY_AGAIN_LATER,
+                                                    "tenantnet agent: the request did not finish before "
+                                                    "its deadline; try again later"), b""
+            self._reply(conn, code, out, err)
+        finally:
+            with self._lock:
+                self.stats.inflight -= 1
+
+    def _serialise(self, key: tuple[bytes, ...] | None, deadline: float) -> Any:
+        """Take the turn of one (plugin, container id, ifname): a function that gives it
+        back, or None if an earlier request still holds it at `deadline`.
+
+        The runtime normally never overlaps them, but a retry after a shim time-out can
+        arrive while the first attempt still runs; serialising turns that into "the retry
+        sees the finished record" instead of two ADDs racing on one veth name. (The plugin
+        also locks the attachment on disk, across processes; this keeps the wait out of the
+        worker pool.)
+        """
+        if key is None:
+            return lambda: None
+        with self._keys_lock:
+            entry = self._keys.setdefault(key, [threading.Lock(), 0])
+            entry[1] += 1
+        got = entry[0].acquire(timeout=max(deadline - time.monotonic(), 0))
+
+        def release() -> None:
+            if got:
+                entry[0].release()
+            with self._keys_lock:
+                entry[1] -= 1
+                if entry[1] == 0:
+                    del self._keys[key]
+
+        if not got:
+            release()
+            return None
+        return release
+
+    def _node(self, path: str) -> Any:
+        """The node config at `path`, re-read whenever the file changes (as each exec would)."""
+        from tenantnet.plugin import nodeconfig as config
+
+        try:
+            st = os.stat(path)
+        except OSError:
+            return config.load(path)  # missing → defaults, unreadable → the same CniError
+        sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+        hit = self._nodes.get(path)
+        if hit is not None and hit[0] == sig:
+            return hit[1]
+        node = config.load(path)
+        self._nodes[path] = (sig, node)
+        return node
+
+    def _execute(self, plugin: str, environ_b: dict[bytes, bytes], stdin: bytes, arrived: float,
+                 deadline: float) -> tuple[int, bytes, bytes]:
+        """Run one request on a worker thread; (exit code, stdout, stderr)."""
+        import structlog
+
+        from cni import skel
+        from tenantnet.plugin import nodeconfig as config
+
+        started = time.monotonic()
+        if started > deadline:
+            # The caller gave up while this waited; it will retry. Doing it now would only
+            # load the node for an answer nobody reads.
+            with self._lock:
+                self.stats.expired += 1
+            return 1, shim.error_json(stdin, shim.TRY_AGAIN_LATER, "tenantnet agent: request expired "
+                                                                   "in the queue; try again later"), b""
+        environ = {os.fsdecode(k): os.fsdecode(v) for k, v in environ_b.items()}
+        rid = next(self._ids)
+        with self._lock:
+            self._running[rid] = started
+        structlog.contextvars.bind_contextvars(
+            request=rid, plugin=plugin, command=environ.get("CNI_COMMAND", ""),
+            container_id=environ.get("CNI_CONTAINERID", ""), ifname=environ.get("CNI_IFNAME", ""))
+        self._capture.start()
+        node_path = environ.get("TENANTNET_CONFIG") or config.DEFAULT_PATH
+        try:
+            if plugin == "tenantnet":
+                from tenantnet.entry import plugin as entry
+                from tenantnet.plugin import settings
+                from tenantnet.plugin.core import Plugin
+
+                def handler(env: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
+                    # As `tenantnet.entry.plugin.handle`, minus the per-call logging set-up: the
+                    # agent's log is configured once, and each line carries the request id.
+                    node = self._node(node_path)
+                    if env.command != "DEL":
+                        settings.log_settings(raw, node)  # the same refusals as in-process
+                    return entry.dispatch(Plugin(node), env, raw)
+
+                refused = entry.refuse_delegated(environ, stdin)
+                code, text = refused or skel.run(handler, environ, stdin, entry.log_unexpected)
+            else:
+                from tenantnet.entry import ipam as ipam_entry
+                from tenantnet.plugin.ipam_client import confinement
+
+                def ipam_handler(env: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
+                    return ipam_entry.handle(env, raw, confinement(self._node(node_path)))
+
+                code, text = skel.run(ipam_handler, environ, stdin, ipam_entry.log_unexpected)
+        finally:
+            err = self._capture.stop()
+            with self._lock:
+                self._running.pop(rid, None)
+        with self._lock:
+            self.stats.served += 1
+        self.log.info("request.done", code=code, ms=round((time.monotonic() - started) * 1000, 2),
+                      queued_ms=round((started - arrived) * 1000, 2),
+                      error=text if code else None)
+        structlog.contextvars.clear_contextvars()
+        return code, (text + "\n").encode() if text else b"", err
+
+    def status(self) -> dict[str, Any]:
+        rss, peak = _rss_kb()
+        with self._lock:
+            s = self.stats
+            now = time.monotonic()
+            oldest = max((now - t for t in self._running.values()), default=0.0)
+            return {"busyWorkers": len(self._running), "oldestRunningS": round(oldest, 3),
+                    "pid": os.getpid(), "socket": self.socket_path, "nodeConfig": self.node_config,
+                    "uptimeS": round(time.time() - s.started, 1), "inflight": s.inflight - 1,
+                    "peakInflight": s.peak_inflight, "maxInflight": self.max_inflight,
+                    "workers": self.workers, "served": s.served, "rejected": s.rejected,
+                    "expired": s.expired, "protocolErrors": s.protocol_errors,
+                    "rssKb": rss, "peakRssKb": peak}
+
+
+# ---- command line -------------------------------------------------------------------------
+
+def _node_config_path(args: argparse.Namespace) -> str:
+    from tenantnet.plugin import nodeconfig as config
+
+    return getattr(args, "node_config", None) or os.environ.get("TENANTNET_CONFIG") or config.DEFAULT_PATH
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """`agent run`: serve until SIGTERM/SIGINT; returns only on a start-up error."""
+    from cni.errors import CniError
+    from tenantnet.plugin import nodeconfig as config
+
+    path = _node_config_path(args)
+    try:
+        node = config.load(path)
+    except CniError as err:
+        print(f"tenantnetctl agent run: {err.msg}", file=sys.stderr)
+        return 2
+    socket_path = args.socket or node.agent_socket
+    if not args.socket and os.path.exists(path):
+        seen, _ = shim.agent_socket_of(path)
+        if seen != node.agent_socket:
+            print(f"tenantnetctl agent run: {path}: the shim reads agentSocket as {seen!r}, YAML as "
+                  f"{node.agent_socket!r}; write it as one plain top-level line `agentSocket: /path`",
+                  file=sys.stderr)
+            return 2
+    if args.max_inflight < 1 or args.workers < 1:
+        print("tenantnetctl agent run: --max-inflight and --workers must be at least 1", file=sys.stderr)
+        return 2
+    agent = Agent(socket_path, path, max_inflight=args.max_inflight, workers=args.workers)
+    try:
+        agent.start(node.log_file, node.log_level)
+    except (AgentError, OSError) as exc:
+        print(f"tenantnetctl agent run: {exc}", file=sys.stderr)
+        return 1
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.stop())
+    print(f"tenantnet agent serving {socket_path} (pid {os.getpid()})", file=sys.stderr, flush=True)
+    agent.serve_forever()
+    # Every request has been answered and the socket removed. A normal interpreter exit
+    # would now wait ≈ 1.5 s for ovsdbapp's connection thread; nothing is left to flush
+    # but the log, so leave at once (a restart during a rollout should be quick).
+    logging.shutdown()
+    os._exit(0)
+
+
+def query_status(socket_path: str, timeout: float = 5.0) -> dict[str, Any]:
+    """The agent's health report; raises shim.AgentUnavailable / shim.AgentFailed."""
+    code, out, _ = shim.ask(socket_path, STATUS_OP, {}, b"", timeout)
+    if code != 0:
+        raise shim.AgentFailed(out.decode(errors="replace"))
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    path = _node_config_path(args)
+    socket_path = args.socket or shim.agent_socket_of(path)[0]
+    try:
+        report = query_status(socket_path, args.timeout)
+    except (shim.AgentUnavailable, shim.AgentFailed, ValueError) as exc:
+        if args.json:
+            print(json.dumps({"running": False, "socket": socket_path, "error": str(exc)}, indent=2))
+        else:
+            print(f"tenantnet agent: not running ({exc}); plugin calls run in-process", file=sys.stderr)
+        return 3
+    wedged = report.get("oldestRunningS", 0) > args.wedged_after
+    if args.json:
+        print(json.dumps({"running": True, **report, "wedged": wedged}, indent=2))
+    else:
+        print(f"tenantnet agent: running, pid {report['pid']}, socket {report['socket']}, "
+              f"up {report['uptimeS']} s")
+        print(f"  served {report['served']}, rejected {report['rejected']} (limit {report['maxInflight']} "
+              f"in flight, {report['workers']} workers), expired {report['expired']}")
+        print(f"  RSS {report['rssKb'] / 1024:.1f} MB (peak {report['peakRssKb'] / 1024:.1f} MB)")
+    if wedged:
+        print(f"tenantnet agent: wedged: a worker has been busy on one request for "
+              f"{report['oldestRunningS']:.1f} s (more than --wedged-after {args.wedged_after:g} s)",
+              file=sys.stderr)
+        return 4
+    return 0
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `agent run|status` to `subparsers` (from `add_subparsers()`)."""
+    p = subparsers.add_parser("agent", help="the per-node agent serving plugin calls fast (docs/agent.md)")
+    sub = p.add_subparsers(dest="agent_command", required=True, metavar="run|status")
+    run = sub.add_parser("run", help="serve CNI calls on the node config's agentSocket until SIGTERM")
+    run.add_argument("--socket", help="unix socket path (default: the node config's agentSocket)")
+    run.add_argument("--max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT, metavar="N",
+                     help=f"requests in flight before new ones get code 11 (default {DEFAULT_MAX_INFLIGHT})")
+    run.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
+                     help=f"requests executed at once (default {DEFAULT_WORKERS})")
+    run.set_defaults(func=cmd_run)
+    st = sub.add_parser("status", help="is the agent answering? (exit 3 if not)")
+    st.add_argument("--socket", help="unix socket path (default: the node config's agentSocket)")
+    st.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
+    st.add_argument("--json", action="store_true", help="machine-readable output")
+    st.add_argument("--wedged-after", type=float, default=DEFAULT_WEDGED_AFTER, metavar="S",
+                    help="fail (exit 4) when a worker has been busy on one request for longer than "
+                         f"this many seconds, so a liveness probe restarts the agent (default "
+                         f"{DEFAULT_WEDGED_AFTER:g})")
+    st.set_defaults(func=cmd_status)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m tenantnet.entry.agent run|status` (the same as `tenantnetctl agent …`)."""
+    parser = argparse.ArgumentParser(prog="tenantnet-agent")
+    parser.add_argument("--node-config", metavar="PATH",
+                        help="node config file (default: $TENANTNET_CONFIG or /etc/tenantnet/tenantnet.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    register(sub)
+    rest = list(sys.argv[1:] if argv is None else argv)
+    head: list[str] = []  # the global option goes before the implied `agent` word
+    while rest and rest[0].startswith("--node-config"):
+        option = rest.pop(0)
+        head.append(option)
+        if "=" not in option and rest:
+            head.append(rest.pop(0))
+    args = parser.parse_args([*head, "agent", *rest])
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""`tenantnet-ipam`: the CNI IPAM executable (ADD, DEL, CHECK, GC, STATUS, VERSION).
+
+The executable is the standard-library-only shim (`tenantnet/entry/shim.py`), which forwards the
+call to the node's agent when one runs (docs/agent.md). This module owns the in-process
+frame over `ipam.plugin` that the shim falls back to and the agent runs: `cni.skel` turns
+errors into CNI error JSON. Nothing outside the standard library is imported at module
+level; the structured logger is imported only when a bug has to be recorded.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are strings here
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Any
+
+    from cni.env import CniEnv
+
+
+def confinement(node_config: str | None = None) -> Any:
+    """The node config's limits on dataDir and resolvConf (the executable runs as root on
+    tenant input just as the main plugin does)."""
+    from tenantnet.plugin import ipam_client
+    from tenantnet.plugin import nodeconfig as config
+
+    node = config.load(node_config)
+    if node.source == "(defaults)":
+        return None  # no node config: ipam.config's built-in defaults (the same directories)
+    return ipam_client.confinement(node)
+
+
+def handle(env: CniEnv, raw: dict[str, Any], limits: Any = None) -> dict[str, Any] | None:
+    from cni.netconf import parse_netconf, valid_attachments
+    from ipam import plugin
+
+    conf = parse_netconf(raw)
+    limits = limits or confinement()
+    if env.command == "ADD":
+        return plugin.add(env, conf, limits).to_dict(conf.cni_version, ipam=True)
+    if env.command == "DEL":
+        plugin.delete(env, conf, limits)
+    elif env.command == "CHECK":
+        plugin.check(env, conf, limits)
+    elif env.command == "GC":
+        plugin.gc(conf, valid_attachments(raw), limits)
+    elif env.command == "STATUS":
+        plugin.status(conf, limits)
+    return None
+
+
+def log_unexpected(exc: BaseException) -> None:
+    from cni import log
+
+    log.get("tenantnet-ipam").error("internal_error", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
+
+
+def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
+    """One CNI call in this process; (exit code, stdout text without the final newline)."""
+    from cni import skel
+
+    return skel.run(handle, environ, stdin, on_unexpected=log_unexpected)
+
+
+def main() -> None:
+    from tenantnet.entry import shim
+
+    shim.main("tenantnet-ipam")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,307 @@
+"""The `tenantnet` / `tenantnet-ipam` fast path: forward one CNI call to the node's agent.
+
+This module owns the client side of the agent protocol and the decision "agent or
+in-process". It imports **only the standard library**, and only cheap parts of it (no
+`json`, `re`, `typing`, not even `socket`'s enum wrappers on the fast path): an exec that
+reaches the agent costs the interpreter start plus a few hundred microseconds, instead of
+the ≈ 180 ms of imports and the OVSDB connect of the in-process plugin (CNI-FACTS.md §5).
+
+    agent answers              → print its stdout/stderr, exit with its code
+    no agent (no socket file,
+      connection refused)      → run the same request in-process (slower, same result)
+    agent stalls / goes away   → CNI error 11 (try again later) after a bounded time-out;
+                                 never a hang, never a second execution next to a live agent
+
+Protocol (unix stream socket, one request per connection; both frames are a 4-byte
+big-endian length followed by the payload; NUL can appear in neither an env string nor a
+field, so it separates them):
+
+    request  = "tenantnet/1" NUL plugin NUL deadline_ms NUL n NUL env_1 NUL … env_n NUL stdin
+    response = "tenantnet/1" NUL code NUL len(stdout) NUL stdout stderr
+
+`plugin` is `tenantnet`, `tenantnet-ipam`, or `-status` (the agent's health report as JSON
+on stdout). `deadline_ms` is when the shim stops waiting, on CLOCK_MONOTONIC (one clock for
+all processes of the host), so the agent can drop work whose caller has already gone.
+`env_i` are `KEY=VALUE` bytes of the caller's environment; stdin is passed as bytes,
+untouched. See docs/agent.md.
+"""
+
+from __future__ import annotations
+
+import _socket  # the C module: `socket` would pull in enum & co. for nothing we use here
+import sys
+import time  # built into the interpreter: free
+
+MAGIC = b"tenantnet/1"
+DEFAULT_NODE_CONFIG = "/etc/tenantnet/tenantnet.yaml"
+DEFAULT_SOCKET = "/run/tenantnet/agent.sock"
+# Seconds the shim waits for the agent's answer (connect + send + answer). An answer later
+# than this is lost, never half-printed; the runtime retries and the agent's per-attachment
+# serialisation plus the records make the retry idempotent.
+TIMEOUT_ENV = "TENANTNET_AGENT_TIMEOUT"
+DEFAULT_TIMEOUT = 60.0
+MAX_FRAME = 64 << 20  # a CNI answer is a few kB; this only bounds a corrupt length
+# Kept equal to cni.version (tests/unit/test_shim.py checks): errors the shim writes itself
+# must be in the config's cniVersion exactly as cni.skel would write them.
+CURRENT = "1.1.0"
+SUPPORTED = ("0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0")
+TRY_AGAIN_LATER = 11
+NOT_AVAILABLE = 50
+DECODE_FAILURE = 6
+MAX_STDIN = 1 << 20  # = cni.netconf.MAX_STDIN_BYTES: larger stdin is refused before the agent
+
+# connect() errors meaning "nobody serves this socket": fall back to in-process.
+_NO_AGENT = {2, 20, 111, 13}  # ENOENT, ENOTDIR, ECONNREFUSED, EACCES
+
+
+class AgentUnavailable(Exception):
+    """No agent listens on the socket (the caller may run the request in-process)."""
+
+
+class AgentFailed(Exception):
+    """An agent took the request but gave no complete answer (stall or crash)."""
+
+
+def _environb() -> dict[bytes, bytes]:
+    """The process environment as bytes. `os` costs ≈ 2 ms to import in an interpreter
+    started with -S (nothing imported it yet); the builtin `posix` holds the same data. Once
+    `os` is loaded (always, without -S), its view is used: it follows os.environ changes."""
+    loaded = sys.modules.get("os")
+    if loaded is not None:
+        return loaded.environb  # type: ignore[no-any-return]
+    import posix
+
+    return posix.environ  # type: ignore[no-any-return]
+
+
+def _fsdecode(value: bytes) -> str:
+    return value.decode(sys.getfilesystemencoding(), "surrogateescape")
+
+
+def node_config_path(environ: dict[bytes, bytes] | None = None) -> str:
+    env = _environb() if environ is None else environ
+    value = env.get(b"TENANTNET_CONFIG")
+    return _fsdecode(value) if value else DEFAULT_NODE_CONFIG
+
+
+def agent_socket_of(config_path: str) -> tuple[str, bool]:
+    """(socket path, whether the node config names it) — without a YAML parser.
+
+    Only a plain top-level `agentSocket: /path` line is recognised (quotes and a trailing
+    comment allowed). The agent refuses to start if its YAML reading of the same file
+    disagrees, so the two can never silently point at different sockets.
+    """
+    try:
+        with open(config_path, "rb") as fh:
+            data = fh.read(1 << 20)
+    except OSError:
+        return DEFAULT_SOCKET, False
+    for line in data.split(b"\n"):
+        if not line.startswith(b"agentSocket:"):
+            continue
+        value = line[len(b"agentSocket:"):]
+        if b" #" in value:
+            value = value.split(b" #", 1)[0]
+        value = value.strip()
+        if len(value) >= 2 and value[:1] == value[-1:] and value[:1] in (b"'", b'"'):
+            value = value[1:-1]
+        if value:
+            return _fsdecode(value), True
+    return DEFAULT_SOCKET, False
+
+
+def timeout_of(environ: dict[bytes, bytes]) -> float:
+    try:
+        value = float(environ.get(b"TENANTNET_AGENT_TIMEOUT", b"") or DEFAULT_TIMEOUT)
+    except ValueError:
+        return DEFAULT_TIMEOUT
+    return value if 0 < value <= 3600 else DEFAULT_TIMEOUT
+
+
+# ---- framing (shared with tenantnet/entry/agent.py) -----------------------------------------------
+
+def encode_request(plugin: str, environ: dict[bytes, bytes], stdin: bytes, deadline: float) -> bytes:
+    """`deadline` in time.monotonic() seconds."""
+    items = [k + b"=" + v for k, v in environ.items()]
+    head = [MAGIC, plugin.encode(), str(int(deadline * 1000)).encode(), str(len(items)).encode(), *items]
+    return b"\0".join(head) + b"\0" + stdin
+
+
+def decode_request(payload: bytes) -> tuple[str, dict[bytes, bytes], bytes, float]:
+    """(plugin, env, stdin, caller's deadline in time.monotonic() s); ValueError if malformed."""
+    magic, plugin, deadline_ms, count, rest = payload.split(b"\0", 4)
+    if magic != MAGIC:
+        raise ValueError(f"unknown protocol {magic[:20]!r}")
+    n = int(count)
+    parts = rest.split(b"\0", n)
+    if len(parts) != n + 1:
+        raise ValueError("truncated environment")
+    environ: dict[bytes, bytes] = {}
+    for item in parts[:n]:
+        key, sep, value = item.partition(b"=")
+        if not sep:
+            raise ValueError(f"environment item without '=': {item[:40]!r}")
+        environ[key] = value
+    return plugin.decode(), environ, parts[n], int(deadline_ms) / 1000
+
+
+def encode_response(code: int, stdout: bytes, stderr: bytes = b"") -> bytes:
+    return b"\0".join([MAGIC, str(code).encode(), str(len(stdout)).encode()]) + b"\0" + stdout + stderr
+
+
+def decode_response(payload: bytes) -> tuple[int, bytes, bytes]:
+    magic, code, length, rest = payload.split(b"\0", 3)
+    if magic != MAGIC:
+        raise ValueError(f"unknown protocol {magic[:20]!r}")
+    n = int(length)
+    return int(code), rest[:n], rest[n:]
+
+
+def frame(payload: bytes) -> bytes:
+    return len(payload).to_bytes(4, "big") + payload
+
+
+def recv_frame(sock: object, limit: int = MAX_FRAME) -> bytes:
+    """One length-prefixed frame of at most `limit` bytes; EOFError if the peer closed first."""
+    head = _recv_exact(sock, 4)
+    n = int.from_bytes(head, "big")
+    if n > limit:
+        raise ValueError(f"frame of {n} bytes exceeds {limit}")
+    return _recv_exact(sock, n)
+
+
+def _recv_exact(sock: object, n: int) -> bytes:
+    chunks = []
+    while n:
+        chunk = sock.recv(min(n, 1 << 20))  # type: ignore[attr-defined]
+        if not chunk:
+            raise EOFError("connection closed")
+        chunks.append(chunk)
+        n -= len(chunk)
+    return b"".join(chunks)
+
+
+# ---- the client -----------------------------------------------------------------------------
+
+def ask(socket_path: str, plugin: str, environ: dict[bytes, bytes], stdin: bytes,
+        timeout: float) -> tuple[int, bytes, bytes]:
+    """Send one request; (code, stdout, stderr) of the agent's answer.
+
+    Raises AgentUnavailable before anything was sent, AgentFailed after.
+    """
+    deadline = time.monotonic() + timeout
+    sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(socket_path)
+        except TimeoutError:
+            raise AgentFailed(f"the tenantnet agent at {socket_path} did not accept the "
+                              f"connection within {timeout:g}s") from None
+        except OSError as exc:
+            if exc.errno in _NO_AGENT:
+                raise AgentUnavailable(f"no tenantnet agent at {socket_path}: {exc.strerror}") from None
+            raise AgentFailed(f"cannot reach the tenantnet agent at {socket_path}: {exc.strerror}") from None
+        try:
+            sock.sendall(frame(encode_request(plugin, environ, stdin, deadline)))
+            sock.settimeout(max(deadline - time.monotonic(), 0.001))
+            return decode_response(recv_frame(sock))
+        except TimeoutError:
+            raise AgentFailed(f"the tenantnet agent at {socket_path} did not answer within "
+                              f"{timeout:g}s") from None
+        except (OSError, EOFError, ValueError) as exc:
+            raise AgentFailed(f"the tenantnet agent at {socket_path} went away before answering "
+                              f"({type(exc).__name__}: {exc})") from None
+    finally:
+        sock.close()
+
+
+def error_json(stdin: bytes, code: int, msg: str, details: str = "") -> bytes:
+    """A CNI error document in the config's version, exactly as cni.skel writes one."""
+    import json  # only on this (rare) path
+
+    try:
+        raw = json.loads(stdin)
+    except ValueError:
+        raw = None
+    version = raw.get("cniVersion") if isinstance(raw, dict) else None
+    out: dict[str, object] = {"cniVersion": version if version in SUPPORTED else CURRENT,
+                              "code": code, "msg": msg}
+    if details:
+        out["details"] = details
+    return json.dumps(out).encode() + b"\n"
+
+
+def _in_process(plugin: str, stdin: bytes) -> tuple[int, bytes]:
+    """The same request without an agent: the full plugin in this process."""
+    if sys.flags.no_site and "site" not in sys.modules:
+        # Started with -S (the fast path needs only the standard library): the libraries
+        # of a venv or system install are found through site, so run it now. The installed
+        # runtime puts its own libraries on sys.path and finds nothing more here.
+        import site
+
+        site.main()
+    if plugin == "tenantnet-ipam":
+        from tenantnet.entry import ipam as entry
+    else:
+        from tenantnet.entry import plugin as entry  # type: ignore[no-redef]
+    import os
+
+    code, text = entry.run_in_process(os.environ, stdin)
+    return code, (text + "\n").encode() if text else b""
+
+
+def main(plugin: str) -> None:
+    """The executable: serve one exec of `plugin` and exit. When the agent answered, exit at
+    once: the answer is written and flushed, and the interpreter's orderly shutdown (module
+    teardown, ≈ 2–3 ms here) would only delay the runtime. After the in-process fallback,
+    exit normally so that its libraries can finish."""
+    code = run(plugin)
+    if _served_by_agent:
+        import posix
+
+        posix._exit(code)
+    sys.exit(code)
+
+
+_served_by_agent = False
+
+
+def run(plugin: str) -> int:
+    """Serve one exec of `plugin`: forward to the agent, or fall back; returns the exit code."""
+    global _served_by_agent
+    stdin = b"" if sys.stdin is None or sys.stdin.closed else sys.stdin.buffer.read()
+    environ = _environb()
+    socket_path, declared = agent_socket_of(node_config_path(environ))
+    if len(stdin) > MAX_STDIN:
+        code, out = 1, error_json(b"", DECODE_FAILURE, f"network config on stdin is {len(stdin)} bytes; "
+                                                      f"at most {MAX_STDIN} allowed")
+        sys.stdout.write(out.decode())
+        sys.stdout.flush()
+        return code
+    try:
+        code, out, err = ask(socket_path, plugin, dict(environ), stdin, timeout_of(environ))
+        _served_by_agent = True
+    except AgentFailed as exc:
+        code, out, err = 1, error_json(stdin, TRY_AGAIN_LATER, str(exc),
+                                                     "the request may still complete in the agent; "
+                                                     "retrying it is safe"), b""
+    except AgentUnavailable as exc:
+        if declared and environ.get(b"CNI_COMMAND") == b"STATUS":
+            # The node config declares an agent: its absence is what STATUS is for, even
+            # though ADD/DEL would still work (slowly) in-process. docs/agent.md explains.
+            code, out, err = 1, error_json(
+                stdin, NOT_AVAILABLE, f"tenantnet is not available: {exc} (the node config declares "
+                                      "agentSocket; ADD and DEL fall back to the slow in-process path)"), b""
+        else:
+            code, out = _in_process(plugin, stdin)
+            err = b""
+    # Through the text layer, as cni.skel.main writes: the bytes are the same (the JSON is
+    # ASCII), and a caller that swapped sys.stdout for its own object still sees the write.
+    if out:
+        sys.stdout.write(out.decode("utf-8", "replace"))
+    sys.stdout.flush()
+    if err:
+        sys.stderr.write(err.decode("utf-8", "replace"))
+        sys.stderr.flush()
+    return code

@@ -1,0 +1,253 @@
+"""The lab: a whole node on one machine, with no special hardware.
+
+`up` starts a private Open vSwitch — `ovsdb-server` and `ovs-vswitchd` from the distro,
+userspace datapath (see DATAPATH), everything in one run directory, never the system OVS —
+creates a bridge, and writes a node config that points tenantnet at it. `down` removes
+every trace: pod namespaces made by the harness, leftover links of ours, both daemons
+(stopped by their own pid files), the directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+DEFAULT_ROOT = "/run/tenantnet-lab"
+DEFAULT_BRIDGE = "br-lab"
+SCHEMA = "/usr/share/openvswitch/vswitch.ovsschema"
+# The userspace datapath (dpif-netdev) under the type name that `--enable-dummy` registers.
+# Same forwarding code as `netdev`, real veth ports, real VLAN tags and datapath flows —
+# but no kernel tap devices: `netdev` creates one tap called `ovs-netdev` per kernel, so two
+# labs (or a lab beside a userspace system OVS) would break each other's forwarding.
+DATAPATH = "dummy"
+
+
+class LabError(Exception):
+    pass
+
+
+@dataclass
+class LabInfo:
+    root: str
+    node_config: str
+    ovsdb: str
+    bridge: str
+    state_dir: str
+    log_file: str
+    running: bool
+    ovsdb_server_pid: int | None
+    ovs_vswitchd_pid: int | None
+    nics: list[dict[str, Any]]
+
+
+def _paths(root: str) -> dict[str, str]:
+    return {
+        "db": os.path.join(root, "conf.db"),
+        "sock": os.path.join(root, "db.sock"),
+        "node_config": os.path.join(root, "tenantnet.yaml"),
+        "state": os.path.join(root, "state"),
+        "log": os.path.join(root, "log", "tenantnet.log"),
+        "meta": os.path.join(root, "lab.json"),
+        "pods": os.path.join(root, "state", "harness", "pods"),
+    }
+
+
+def _pid(root: str, daemon: str) -> int | None:
+    try:
+        with open(os.path.join(root, f"{daemon}.pid")) as fh:
+            pid = int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def _run(cmd: list[str], root: str, what: str) -> str:
+    env = dict(os.environ, OVS_RUNDIR=root, OVS_DBDIR=root, OVS_LOGDIR=root)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30, check=False)
+    except FileNotFoundError:
+        raise LabError(f"{what}: {cmd[0]} is not installed (apt-get install openvswitch-switch)") from None
+    except subprocess.TimeoutExpired:
+        raise LabError(f"{what}: {cmd[0]} did not finish within 30 s") from None
+    if proc.returncode != 0:
+        raise LabError(f"{what} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def vsctl(root: str, *args: str) -> str:
+    return _run(["ovs-vsctl", f"--db=unix:{_paths(root)['sock']}", "--timeout=10", *args],
+                root, "ovs-vsctl " + " ".join(args))
+
+
+def status(root: str = DEFAULT_ROOT) -> LabInfo:
+    p = _paths(root)
+    meta: dict[str, Any] = {}
+    try:
+        with open(p["meta"]) as fh:
+            meta = json.load(fh)
+    except (OSError, ValueError):
+        pass
+    db_pid, vs_pid = _pid(root, "ovsdb-server"), _pid(root, "ovs-vswitchd")
+    return LabInfo(
+        root=root, node_config=p["node_config"], ovsdb=f"unix:{p['sock']}",
+        bridge=meta.get("bridge", DEFAULT_BRIDGE), state_dir=p["state"], log_file=p["log"],
+        running=bool(db_pid and vs_pid), ovsdb_server_pid=db_pid, ovs_vswitchd_pid=vs_pid,
+        nics=_nics(root),
+    )
+
+
+def _nics(root: str) -> list[dict[str, Any]]:
+    from tenantnet.lab.nic import LabNic
+
+    return LabNic(root).describe()
+
+
+def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpdk_vfs: int = 0,
+       refuse: list[str] | None = None, switchdev: bool = False) -> LabInfo:
+    """Start the lab; with `vfs` > 0 also a simulated SR-IOV NIC (PF `lpf0`) with that many VFs,
+    the last `dpdk_vfs` of them bound to vfio-pci; `switchdev` puts it in switchdev mode
+    (VF representors, the PF — then named `t<hash>p` — as uplink port of `bridge`). `refuse`
+    names VF attributes the simulated NIC refuses (e.g. ["rate"]), to see how a NIC without
+    that feature is handled."""
+    p = _paths(root)
+    current = status(root)
+    if current.running:
+        return current
+    if os.path.exists(root):
+        down(root)  # a half-made or crashed lab: start clean
+    os.makedirs(root, mode=0o700)
+    os.makedirs(p["pods"], mode=0o700)
+    with open(p["meta"], "w") as fh:
+        json.dump({"bridge": bridge, "created": time.time()}, fh)
+    try:
+        _run(["ovsdb-tool", "create", p["db"], SCHEMA], root, "creating the lab OVS database")
+        _run(["ovsdb-server", p["db"], f"--remote=punix:{p['sock']}",
+              f"--pidfile={root}/ovsdb-server.pid", f"--unixctl={root}/ovsdb-server.ctl",
+              f"--log-file={root}/ovsdb-server.log", "--detach", "--no-chdir"],
+             root, "starting ovsdb-server")
+        vsctl(root, "--no-wait", "init")
+        _run(["ovs-vswitchd", f"unix:{p['sock']}", f"--pidfile={root}/ovs-vswitchd.pid",
+              f"--unixctl={root}/ovs-vswitchd.ctl", f"--log-file={root}/ovs-vswitchd.log",
+              "--enable-dummy", "--detach", "--no-chdir"], root, "starting ovs-vswitchd")
+        vsctl(root, "add-br", bridge, "--", "set", "Bridge", bridge, f"datapath_type={DATAPATH}",
+              "external_ids:tenantnet-lab=true")
+        if vfs:
+            from tenantnet.lab.nic import LabNic
+            from tenantnet.lab.nicsysfs import connectx_pf
+
+            # VF netdevs (and in switchdev mode the PF and representors) are real links,
+            # named per lab so that two labs never collide.
+            digest = hashlib.sha256(os.path.abspath(root).encode()).hexdigest()
+            tag = "t" + digest[:5]
+            pf = connectx_pf(f"{tag}p" if switchdev else "lpf0", vfs=vfs,
+                             dpdk_vfs=range(vfs - dpdk_vfs, vfs))
+            reps: dict[str, dict[int, str]] = {}
+            if switchdev:
+                pf.switch_id = digest[:16]
+                reps[pf.netdev] = {i: f"{tag}r{i}" for i, vf in enumerate(pf.vfs) if vf.netdev}
+            for index, vf in enumerate(pf.vfs):
+                if vf.netdev:
+                    vf.netdev = f"{tag}v{index}"
+            LabNic(root).create([pf], lambda *a: vsctl(root, *a), refuse, reps, bridge)
+    except (LabError, OSError, subprocess.CalledProcessError):
+        down(root)
+        raise
+    with open(p["node_config"], "w") as fh:
+        fh.write(
+            "# written by `tenantnetctl lab up`: points tenantnet at the lab's private OVS\n"
+            f"ovsdb: unix:{p['sock']}\n"
+            f"stateDir: {p['state']}\n"
+            f"logFile: {p['log']}\n"
+            "logLevel: info\n"
+            "# what a NAD may name on this lab node (docs/security.md)\n"
+            f"deviceInfoDir: {root}/devinfo\n"
+            f"ipamDataDirs: [{root}/ipam, {root}/host-local, {p['state']}/ipam, {p['state']}/host-local]\n"
+            f"resolvConfPaths: [{root}/resolv.d]\n"
+            f"ovsConfigurationPaths: [{root}/ovs.d]\n"
+        )
+        if vfs:
+            fh.write(
+                "# the simulated SR-IOV NIC (tenantnet/lab/nic.py): fake sysfs + lab VF control\n"
+                f"sysfsRoot: {root}/sys\n"
+                f"vfControl: lab:{root}\n"
+            )
+    return status(root)
+
+
+def _stop(root: str, daemon: str) -> None:
+    pid = _pid(root, daemon)
+    if pid is None:
+        return
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.02)
+    os.kill(pid, signal.SIGKILL)
+
+
+def _our_host_links(root: str) -> list[str]:
+    """Host ends of ports tenantnet made on the lab OVS (left over if a pod was not detached)."""
+    try:
+        out = vsctl(root, "--format=json", "--columns=name,external_ids", "list", "Port")
+    except LabError:
+        return []
+    names = []
+    for name, ids in json.loads(out).get("data", []):
+        pairs = dict(ids[1]) if isinstance(ids, list) and ids and ids[0] == "map" else {}
+        if pairs.get("tenantnet-owner") == "tenantnet":
+            names.append(name)
+    return names
+
+
+def down(root: str = DEFAULT_ROOT) -> list[str]:
+    """Remove the lab; returns what was cleaned up (for the operator to see)."""
+    removed: list[str] = []
+    p = _paths(root)
+    for pod in sorted(os.listdir(p["pods"])) if os.path.isdir(p["pods"]) else []:
+        if os.path.exists(f"/run/netns/{pod}"):
+            subprocess.run(["ip", "netns", "delete", pod], capture_output=True, check=False)
+            removed.append(f"netns {pod}")
+    if _pid(root, "ovsdb-server"):
+        for link in _our_host_links(root):
+            if subprocess.run(["ip", "link", "delete", link], capture_output=True,
+                              check=False).returncode == 0:
+                removed.append(f"link {link}")
+    from tenantnet.lab.nic import LabNic
+
+    removed += LabNic(root).destroy()
+    if _pid(root, "ovs-vswitchd"):
+        # `exit --cleanup` deletes the datapath and its ports before the process ends.
+        try:
+            _run(["ovs-appctl", "-t", f"{root}/ovs-vswitchd.ctl", "exit", "--cleanup"], root,
+                 "stopping ovs-vswitchd")
+        except LabError:
+            pass
+        _stop(root, "ovs-vswitchd")
+        removed.append("ovs-vswitchd")
+    if _pid(root, "ovsdb-server"):
+        _stop(root, "ovsdb-server")
+        removed.append("ovsdb-server")
+    shutil.rmtree(root, ignore_errors=True)
+    return removed
+
+
+def as_dict(info: LabInfo) -> dict[str, object]:
+    return asdict(info)

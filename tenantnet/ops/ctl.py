@@ -1,0 +1,453 @@
+"""`tenantnetctl`: the operators' CLI and manual test harness.
+
+    tenantnetctl lab up|down|status          a private OVS lab and a node config for it
+    tenantnetctl attach|check|detach ...     run the plugin as kubelet/Multus would
+    tenantnetctl gc|status --config NAD      the CNI GC / STATUS verbs for one network
+    tenantnetctl ls                          attachment records on this node
+    tenantnetctl pod up|down POD.yaml ...    a pod's networks, attached as Multus would
+    tenantnetctl policy show|check           the tenancy policy
+    tenantnetctl offload                     which datapath flows run in the NIC, per pod/tenant
+    tenantnetctl agent run|status            the resident per-node agent (fast path)
+    tenantnetctl ipam ...                    tenantnet-ipam's address store
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any
+
+EPILOG = """examples:
+  tenantnetctl lab up                    # private OVS + node config in /run/tenantnet-lab
+  export TENANTNET_CONFIG=/run/tenantnet-lab/tenantnet.yaml
+  tenantnetctl attach --config packaging/examples/ovs-vlan100.json --pod demo/a --ifname net1
+  tenantnetctl check  --config packaging/examples/ovs-vlan100.json --pod demo/a --ifname net1
+  tenantnetctl detach --config packaging/examples/ovs-vlan100.json --pod demo/a --ifname net1
+  tenantnetctl lab down
+"""
+
+
+def _node_config_path(args: argparse.Namespace) -> str | None:
+    """--node-config, else $TENANTNET_CONFIG, else the default lab's while it is up."""
+    if args.node_config or os.environ.get("TENANTNET_CONFIG"):
+        return args.node_config or os.environ.get("TENANTNET_CONFIG")
+    from tenantnet.lab import node as lab
+
+    info = lab.status()
+    return info.node_config if info.running else None
+
+
+def _harness(args: argparse.Namespace) -> Any:
+    from tenantnet.ops.harness import Harness
+    from tenantnet.plugin import nodeconfig as config
+
+    path = _node_config_path(args)
+    node = config.load(path)
+    return Harness(path, node.state_dir)
+
+
+def _print_plugin_output(code: int, out: str) -> int:
+    if out:
+        try:
+            print(json.dumps(json.loads(out), indent=2))
+        except ValueError:
+            print(out)
+    return code
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    from tenantnet.lab import node as lab
+
+    if args.lab_command == "up" and not (0 <= args.vfs <= 16 and 0 <= args.dpdk_vfs <= args.vfs):
+        print("tenantnetctl lab up: --vfs must be 0-16 and --dpdk-vfs at most --vfs", file=sys.stderr)
+        return 2
+    try:
+        if args.lab_command == "up":
+            info = lab.up(args.dir, args.bridge, vfs=args.vfs, dpdk_vfs=args.dpdk_vfs,
+                          refuse=args.refuse or [], switchdev=args.switchdev)
+            if args.json:
+                print(json.dumps(lab.as_dict(info), indent=2))
+            else:
+                print(f"lab is up in {info.root}: OVS bridge {info.bridge} (userspace datapath)")
+                print(f"ovsdb-server pid {info.ovsdb_server_pid}, ovs-vswitchd pid {info.ovs_vswitchd_pid}")
+                for nic in info.nics:
+                    print(f"simulated SR-IOV NIC ({nic['mode']}): PF {nic['pf']} ({nic['pfAddress']}), "
+                          f"{len(nic['vfs'])} VFs: " + ", ".join(v["address"] for v in nic["vfs"]))
+                print(f"node config: {info.node_config}")
+                print(f"  export TENANTNET_CONFIG={info.node_config}")
+            return 0
+        if args.lab_command == "down":
+            removed = lab.down(args.dir)
+            what = f"removed: {', '.join(removed)}" if removed else "nothing was running"
+            print(f"lab is down; {what}")
+            return 0
+        info = lab.status(args.dir)
+        if args.json:
+            print(json.dumps(lab.as_dict(info), indent=2))
+        else:
+            print(f"lab {info.root}: {'running' if info.running else 'not running'}")
+            if info.running:
+                print(f"  bridge {info.bridge}, OVSDB {info.ovsdb}, node config {info.node_config}")
+        return 0 if info.running else 3
+    except lab.LabError as exc:
+        print(f"tenantnetctl lab {args.lab_command}: {exc}", file=sys.stderr)
+        return 1
+
+
+def cmd_pod_verb(args: argparse.Namespace) -> int:
+    from tenantnet.ops.harness import HarnessError, Pod, load_network_config
+
+    try:
+        pod = Pod.parse(args.pod)
+        conf = load_network_config(args.config)
+        harness = _harness(args)
+    except HarnessError as exc:
+        print(f"tenantnetctl {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # node config errors come as CniError
+        print(f"tenantnetctl {args.command}: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "attach":
+        return _print_plugin_output(*harness.attach(conf, pod, args.ifname, args.mac or "", args.ip or ""))
+    if args.command == "check":
+        code, out = harness.check(conf, pod, args.ifname)
+        if code == 0:
+            print(f"CHECK ok: {pod.namespace}/{pod.name} {args.ifname} on {conf.get('name')}")
+        return _print_plugin_output(code, out)
+    return _print_plugin_output(*harness.detach(conf, pod, args.ifname, args.keep_netns))
+
+
+def cmd_network_verb(args: argparse.Namespace) -> int:
+    from tenantnet.ops.harness import load_network_config
+
+    try:
+        conf = load_network_config(args.config)
+        harness = _harness(args)
+    except Exception as exc:
+        print(f"tenantnetctl {args.command}: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "gc":
+        code, out = harness.gc(conf)
+    else:
+        code, out = harness.invoke("STATUS", conf, None, "")
+    if code == 0:
+        print(f"{args.command.upper()} ok for network {conf.get('name')}")
+    return _print_plugin_output(code, out)
+
+
+def cmd_ls(args: argparse.Namespace) -> int:
+    from tenantnet.plugin import nodeconfig as config
+    from tenantnet.plugin.records import CorruptRecord, RecordStore
+
+    node = config.load(_node_config_path(args))
+    rows = []
+    store = RecordStore(node.state_dir)
+    corrupt = []
+    for rec in store.list(args.network):
+        if isinstance(rec, CorruptRecord):
+            corrupt.append({"path": rec.path, "problem": str(rec), "quarantined": False})
+            continue
+        ips = [ip["address"] for ip in (rec.result or {}).get("ips", [])]
+        rows.append({
+            "network": rec.network,
+            "pod": "/".join(p for p in (rec.pod.namespace, rec.pod.name) if p) or "-",
+            "containerID": rec.container_id, "ifname": rec.ifname, "mode": rec.mode,
+            "phase": rec.phase, "hostIfname": rec.plan.get("hostIfname") or rec.plan.get("deviceID", ""),
+            "bridge": rec.plan.get("bridge", ""), "vlan": rec.plan.get("vlan"), "ips": ips,
+        })
+    # Unreadable records moved aside by DEL/GC (tenantnet.plugin.records): listed so nobody misses them.
+    corrupt += [{"path": p, "problem": "unreadable record (quarantined)", "quarantined": True}
+                for p in store.quarantined()]
+    if args.json:
+        print(json.dumps(rows if not corrupt else rows + [{"corrupt": True, **c} for c in corrupt], indent=2))
+        return 0
+    for c in corrupt:
+        print(f"corrupt: {c['path']}: {c['problem']}", file=sys.stderr)
+    header = ("NETWORK", "POD", "IFNAME", "MODE", "PHASE", "HOST/VF", "BRIDGE", "VLAN", "IPS")
+    table = [header] + [
+        (r["network"], r["pod"], r["ifname"], r["mode"], r["phase"], r["hostIfname"], r["bridge"],
+         "" if r["vlan"] is None else str(r["vlan"]), ",".join(r["ips"])) for r in rows
+    ]
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    for row in table:
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+    return 0
+
+
+def cmd_pod(args: argparse.Namespace) -> int:
+    """`pod up|down`: a pod's secondary networks, attached and removed as Multus would."""
+    from tenantnet.ops import multus
+    from tenantnet.ops.harness import Pod
+
+    try:
+        spec = multus.load_pod(args.pod_file)
+        harness = _harness(args)
+        pod = Pod(spec.namespace, spec.name)
+        state_file = harness.root / "multus" / f"{spec.namespace}_{spec.name}.json"
+        if args.pod_command == "down":
+            return _pod_down(harness, pod, state_file)
+        text = spec.annotations.get(multus.NETWORKS)
+        if not text:
+            raise multus.MultusError(f"pod {spec.namespace}/{spec.name} has no {multus.NETWORKS} annotation")
+        selections = multus.parse_selections(text, spec.namespace)
+        devices = {}
+        for item in args.devices or []:
+            resource, sep, pcis = item.partition("=")
+            if not sep or not pcis:
+                raise multus.MultusError(f"--devices {item!r}: expected RESOURCE=PCI[,PCI…]")
+            devices[resource] = [p for p in pcis.split(",") if p]
+        from tenantnet.plugin import nodeconfig as config
+
+        # Where Multus would put them: the node's deviceInfoDir, the only place the plugin
+        # writes device-info files (docs/security.md).
+        devinfo_dir = os.path.join(config.load(_node_config_path(args)).device_info_dir, "cni")
+        delegates = multus.plan_delegates(spec, selections, multus.load_nads(args.nad), devices,
+                                          pod.container_id, pod.uid, devinfo_dir)
+    except (multus.MultusError, OSError) as exc:
+        print(f"tenantnetctl pod {args.pod_command}: {exc}", file=sys.stderr)
+        return 2
+    if state_file.exists():
+        print(f"tenantnetctl pod up: pod {spec.namespace}/{spec.name} is already up (pod down first)",
+              file=sys.stderr)
+        return 2
+    created = harness.ensure_netns(pod)
+    done: list[dict[str, Any]] = []
+    statuses = []
+    for delegate, sel in zip(delegates, selections, strict=True):
+        code, out = harness.invoke("ADD", delegate.conf, pod, delegate.ifname, cni_args=delegate.cni_args)
+        if code != 0:
+            print(f"tenantnetctl pod up: {delegate.nad.namespace}/{delegate.nad.name} ({delegate.ifname}) "
+                  f"failed: {out}", file=sys.stderr)
+            # Multus unwinds: DEL the failed one and everything attached before it, in reverse.
+            harness.invoke("DEL", delegate.conf, pod, delegate.ifname, cni_args=delegate.cni_args)
+            for prior in reversed(done):
+                harness.invoke("DEL", {**prior["conf"], "prevResult": prior["result"]}, pod,
+                               prior["ifname"], cni_args=prior["cniArgs"])
+                _remove_devinfo(prior.get("devinfo"))
+            _remove_devinfo(delegate.devinfo_file)
+            if created:
+                harness.remove_netns_if_unused(pod)
+            return 1
+        result = json.loads(out)
+        done.append({"nad": f"{delegate.nad.namespace}/{delegate.nad.name}", "ifname": delegate.ifname,
+                     "conf": delegate.conf, "cniArgs": delegate.cni_args, "result": result,
+                     "devinfo": delegate.devinfo_file})
+        statuses.append(multus.network_status(delegate, result, sel.default_route))
+    state_file.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    state_file.write_text(json.dumps({"netns": pod.netns_path, "created": created, "attachments": done}))
+    print(json.dumps(statuses, indent=2))
+    return 0
+
+
+def _remove_devinfo(path: str | None) -> None:
+    if path:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+
+def _pod_down(harness: Any, pod: Any, state_file: Any) -> int:
+    try:
+        state = json.loads(state_file.read_text())
+    except FileNotFoundError:
+        print(f"tenantnetctl pod down: pod {pod.namespace}/{pod.name} is not up", file=sys.stderr)
+        return 2
+    netns = pod.netns_path if os.path.exists(pod.netns_path) else ""
+    failed = 0
+    for att in reversed(state["attachments"]):  # Multus deletes in reverse order
+        code, out = harness.invoke("DEL", {**att["conf"], "prevResult": att["result"]}, pod, att["ifname"],
+                                   netns=netns, cni_args=att["cniArgs"])
+        if code != 0:
+            failed += 1
+            print(f"tenantnetctl pod down: DEL {att['nad']} ({att['ifname']}) failed: {out}", file=sys.stderr)
+        _remove_devinfo(att.get("devinfo"))
+    if failed:
+        return 1
+    state_file.unlink()
+    if state.get("created") and os.path.exists(pod.netns_path):
+        import subprocess
+
+        subprocess.run(["ip", "netns", "delete", pod.netns_name], capture_output=True, check=False)
+        (harness.root / "pods" / pod.netns_name).unlink(missing_ok=True)
+    print(f"pod {pod.namespace}/{pod.name} is down: {len(state['attachments'])} attachments deleted")
+    return 0
+
+
+def cmd_policy(args: argparse.Namespace) -> int:
+    from cni.env import parse_env
+    from cni.errors import CniError
+    from cni.netconf import parse_netconf
+    from tenantnet.ops.harness import HarnessError, Pod, load_network_config
+    from tenantnet.plugin import nodeconfig as config
+    from tenantnet.plugin import tenancy, tnconf
+
+    try:
+        node = config.load(_node_config_path(args))
+        policy = tenancy.load(node)
+        if args.policy_command == "show":
+            return _policy_show(policy, args.json)
+        pod = Pod.parse(args.pod)
+        raw = load_network_config(args.config)
+        env = parse_env({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": pod.container_id, "CNI_NETNS": "/",
+                         "CNI_IFNAME": "net1", "CNI_ARGS": pod.cni_args()})
+        from tenantnet.plugin import settings
+
+        conf = tnconf.parse(parse_netconf(settings.bind_fabric(policy, raw, node)), env, node)
+    except (CniError, HarnessError) as exc:
+        print(f"tenantnetctl policy: {exc}", file=sys.stderr)
+        # An invalid policy (undeclared network, one VLAN granted twice) is a policy answer.
+        return 1 if isinstance(exc, CniError) and "tenancy policy" in exc.msg else 2
+    if policy is None:
+        print(f"allowed: no tenancy policy in {node.source}; every pod may use every network")
+        return 0
+    settings = conf.ovs or conf.vf
+    deferred = raw.get("vlan") == tenancy.TENANT_VLAN
+    d = tenancy.decide(policy, pod.namespace, pod.name, conf.name, raw,
+                       None if deferred or settings is None else settings.vlan,
+                       conf.ovs.trunks if conf.ovs else ())
+    extra = f" (vlan \"tenant\" resolves to {d.vlan})" if d.vlan is not None else ""
+    print(f"{'allowed' if d.allowed else 'refused'}: {d.reason}{extra}")
+    return 0 if d.allowed else 1
+
+
+def _policy_show(policy: Any, as_json: bool) -> int:
+    if policy is None:
+        print("[]" if as_json else "no tenancy policy: every pod may use every network")
+        return 0
+    tenants = [{
+        "name": t.name, "namespaces": list(t.namespaces),
+        "networks": {n: {"vlans": g.describe(), "default": g.default} for n, g in t.networks.items()},
+        "sriov": {"spoofchk": "required" if t.spoofchk_required else "any",
+                  "trust": "forbidden" if t.trust_forbidden else "any"},
+    } for t in policy.tenants]
+    networks = {n: {"bridge": d.bridge, "ovsdb": d.ovsdb, "pfs": list(d.pfs), "modes": list(d.modes())}
+                for n, d in policy.networks.items()}
+    if as_json:
+        print(json.dumps({"source": policy.source, "networks": networks, "tenants": tenants}, indent=2))
+        return 0
+    print(f"tenancy policy from {policy.source} (default deny)")
+    for net, d in networks.items():
+        on = f" on {d['ovsdb']}" if d["ovsdb"] else ""
+        fabric = [f"bridge {d['bridge']}{on}"] if d["bridge"] else []
+        fabric += [f"PFs {', '.join(d['pfs'])}"] if d["pfs"] else []
+        print(f"network {net}: {', '.join(fabric)} (mode {'/'.join(d['modes'])})")
+    for t in tenants:
+        print(f"tenant {t['name']}: namespaces {', '.join(t['namespaces'])}")
+        for net, grant in t["networks"].items():
+            default = f" (tenant VLAN {grant['default']})" if grant["default"] is not None else ""
+            print(f"  network {net}: vlans {grant['vlans']}{default}")
+        print(f"  sriov: spoofchk {t['sriov']['spoofchk']}, trust {t['sriov']['trust']}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from tenantnet.lab import node as lab
+
+    parser = argparse.ArgumentParser(
+        prog="tenantnetctl", description=__doc__.split("\n\n")[0],
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--node-config", metavar="PATH",
+                        help="node config file (default: $TENANTNET_CONFIG or /etc/tenantnet/tenantnet.yaml)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p_lab = sub.add_parser("lab", help="a private Open vSwitch lab on this machine")
+    lab_sub = p_lab.add_subparsers(dest="lab_command", required=True, metavar="up|down|status")
+    for name, text in (("up", "start the lab OVS and write its node config"),
+                       ("down", "remove the lab and everything in it"),
+                       ("status", "is the lab running (exit 3 if not)")):
+        p = lab_sub.add_parser(name, help=text)
+        p.add_argument("--dir", default=lab.DEFAULT_ROOT,
+                       help=f"lab run directory (default {lab.DEFAULT_ROOT})")
+        if name == "up":
+            p.add_argument("--bridge", default=lab.DEFAULT_BRIDGE, help="OVS bridge to create")
+            p.add_argument("--vfs", type=int, default=0, metavar="N",
+                           help="also build a simulated SR-IOV NIC (PF lpf0) with N VFs (0-16)")
+            p.add_argument("--switchdev", action="store_true",
+                           help="the simulated NIC in switchdev mode: VF representors for OVS offload")
+            p.add_argument("--dpdk-vfs", type=int, default=0, metavar="K",
+                           help="bind the last K simulated VFs to vfio-pci (DPDK mode)")
+            p.add_argument("--refuse", action="append", metavar="FIELD",
+                           choices=["mac", "vlan", "spoofchk", "trust", "link_state", "rate"],
+                           help="make the simulated NIC refuse this VF attribute (repeatable)")
+        if name != "down":
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=cmd_lab)
+
+    for name, text in (("attach", "create the pod netns if needed and run ADD"),
+                       ("check", "run CHECK with the cached result as prevResult"),
+                       ("detach", "run DEL and remove the pod netns once nothing is attached")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", required=True, metavar="NAD",
+                       help="network config: CNI JSON, or a NetworkAttachmentDefinition (YAML/JSON)")
+        p.add_argument("--pod", required=True, metavar="NS/NAME", help="the pod (namespace/name)")
+        p.add_argument("--ifname", default="net1", help="interface name in the pod (default net1)")
+        if name == "attach":
+            p.add_argument("--mac", help="request a MAC (sent as CNI_ARGS MAC=)")
+            p.add_argument("--ip", help="request addresses (sent as CNI_ARGS IP=, comma-separated)")
+        if name == "detach":
+            p.add_argument("--keep-netns", action="store_true", help="leave the pod netns in place")
+        p.set_defaults(func=cmd_pod_verb)
+
+    for name, text in (("gc", "CNI GC for a network, keeping what the harness has attached"),
+                       ("status", "CNI STATUS for a network (is the plugin ready?)")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--config", required=True, metavar="NAD", help="network config file")
+        p.set_defaults(func=cmd_network_verb)
+
+    p_pod = sub.add_parser("pod", help="a pod's secondary networks, as Multus would attach them")
+    pod_sub = p_pod.add_subparsers(dest="pod_command", required=True, metavar="up|down")
+    p = pod_sub.add_parser("up", help="attach every network of the pod's networks annotation; print "
+                                      "the network-status Multus would write")
+    p.add_argument("pod_file", metavar="POD.yaml")
+    p.add_argument("--nad", action="append", required=True, metavar="NAD.yaml",
+                   help="NetworkAttachmentDefinition file(s) (repeatable; multi-document YAML is fine)")
+    p.add_argument("--devices", action="append", metavar="RESOURCE=PCI,PCI",
+                   help="device-plugin stand-in: VFs handed to NADs with that resourceName, in order")
+    p.set_defaults(func=cmd_pod)
+    p = pod_sub.add_parser("down", help="delete the pod's attachments in reverse order")
+    p.add_argument("pod_file", metavar="POD.yaml")
+    p.set_defaults(func=cmd_pod)
+
+    p_pol = sub.add_parser("policy", help="the tenancy policy: show it, or explain a decision")
+    pol_sub = p_pol.add_subparsers(dest="policy_command", required=True, metavar="show|check")
+    p = pol_sub.add_parser("show", help="tenants, their namespaces and segments")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_policy)
+    p = pol_sub.add_parser("check", help="would ADD allow this pod on this network? (attaches nothing)")
+    p.add_argument("--pod", required=True, metavar="NS/NAME")
+    p.add_argument("--config", required=True, metavar="NAD")
+    p.set_defaults(func=cmd_policy)
+
+    p_ls = sub.add_parser("ls", help="list attachment records on this node")
+    p_ls.add_argument("--network", help="only this network")
+    p_ls.add_argument("--json", action="store_true", help="machine-readable output")
+    p_ls.set_defaults(func=cmd_ls)
+
+    from tenantnet.entry import agent as agent_cli
+    from tenantnet.ops import install
+    from tenantnet.ops import ipamctl as ipam_cli
+    from tenantnet.ops.flowreport import cli as offload_cli
+
+    ipam_cli.register(sub)
+    install.register(sub)
+    offload_cli.register(sub)
+    agent_cli.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        code = args.func(args)
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,136 @@
+"""`tenantnetctl offload`: which datapath flows of this node's attachments run in the NIC.
+
+This module owns the command line only (arguments, exit codes, choosing the output);
+`report.py` builds the report, `render.py` formats it, `server.py` serves /metrics.
+
+Exit codes: 0 report printed (whatever it found), 1 the flows could not be read (the
+report still prints, with the error), 2 bad arguments or node config.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from typing import Any
+
+EPILOG = """examples:
+  tenantnetctl offload                         # every attachment on this node, as a table
+  tenantnetctl offload --tenant team-a --json
+  tenantnetctl offload --pod team-a/train-0 --prometheus
+  tenantnetctl offload --listen 127.0.0.1:9477 # serve /metrics for Prometheus
+"""
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `offload` to tenantnetctl's subcommands."""
+    p = subparsers.add_parser(
+        "offload", help="which datapath flows of each attachment run in hardware (table, JSON, Prometheus)",
+        description=__doc__.split("\n\n")[0], epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--pod", metavar="NS/NAME", help="only this pod's attachments")
+    p.add_argument("--tenant", metavar="T", help="only pods of this tenant (from the tenancy policy)")
+    p.add_argument("--network", metavar="N", help="only attachments to this network")
+    out = p.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="machine-readable report")
+    out.add_argument("--prometheus", action="store_true", help="Prometheus text exposition format 0.0.4")
+    out.add_argument("--listen", metavar="ADDR:PORT",
+                     help="serve /metrics over HTTP until interrupted (port 0: any free port)")
+    p.add_argument("--appctl-target", metavar="PATH",
+                   help="ovs-vswitchd's control socket (default: found next to the node config's OVSDB "
+                        "socket, else ovs-appctl's default)")
+    p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                   help="per ovs-appctl / ovs-vsctl call (default: the node config's ovsdbTimeout)")
+    p.set_defaults(func=cmd_offload)
+    return p
+
+
+def _node(args: argparse.Namespace) -> Any:
+    from tenantnet.ops.ctl import _node_config_path
+    from tenantnet.plugin import nodeconfig as config
+
+    return config.load(_node_config_path(args))
+
+
+def cmd_offload(args: argparse.Namespace) -> int:
+    from tenantnet.ops.flowreport import render
+    from tenantnet.ops.flowreport.report import Filters, report_for_node
+
+    if args.pod is not None and args.pod.count("/") != 1:
+        print("tenantnetctl offload: --pod takes NAMESPACE/NAME", file=sys.stderr)
+        return 2
+    if args.timeout is not None and not 0.1 <= args.timeout <= 120:
+        print("tenantnetctl offload: --timeout must be 0.1-120 seconds", file=sys.stderr)
+        return 2
+    try:
+        node = _node(args)
+    except Exception as exc:  # CniError from an invalid node config
+        print(f"tenantnetctl offload: {exc}", file=sys.stderr)
+        return 2
+    filters = Filters(pod=args.pod, tenant=args.tenant, network=args.network)
+
+    def build() -> Any:
+        report, warnings = report_for_node(node, filters, args.appctl_target, args.timeout)
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
+        return report
+
+    if args.listen:
+        return _listen(args.listen, lambda: render.render_prometheus(build()))
+    report = build()
+    if args.json:
+        print(render.render_json(report))
+    elif args.prometheus:
+        sys.stdout.write(render.render_prometheus(report))
+    else:
+        sys.stdout.write(render.render_table(report))
+    if report.snapshot.error:
+        if not args.json:
+            print(f"tenantnetctl offload: {report.snapshot.error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _listen(value: str, produce: Any) -> int:
+    from tenantnet.ops.flowreport.server import MetricsServer, parse_listen
+
+    try:
+        host, port = parse_listen(value)
+        server = MetricsServer(host, port, produce)
+    except (ValueError, OSError) as exc:
+        print(f"tenantnetctl offload: {exc}", file=sys.stderr)
+        return 2
+    host, port = server.address
+    shown = f"[{host}]" if ":" in host else host
+    print(f"serving /metrics on http://{shown}:{port}/metrics", flush=True)
+
+    def stop(signum: int, frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.httpd.server_close()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m tenantnet.ops.flowreport.cli [--node-config PATH] [options]`: the same command
+    without tenantnetctl (for a node image that ships only this, and for tests)."""
+    parser = argparse.ArgumentParser(prog="tenantnet-offload")
+    parser.add_argument("--node-config", metavar="PATH",
+                        help="node config file (default: $TENANTNET_CONFIG or /etc/tenantnet/tenantnet.yaml)")
+    sub = parser.add_subparsers(dest="command")
+    register(sub)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # `--node-config P` stays in front of the subcommand; everything else belongs to it.
+    head = argv[:2] if argv[:1] == ["--node-config"] else []
+    args = parser.parse_args([*head, "offload", *argv[len(head):]])
+    sys.exit(args.func(args))
+
+
+if __name__ == "__main__":
+    main()

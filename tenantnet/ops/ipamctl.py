@@ -1,0 +1,292 @@
+"""Operators' commands: `tenantnetctl ipam ls | show | release | gc | import-host-local`.
+
+`register(subparsers)` adds the `ipam` command to an argparse subparsers object; every
+handler takes the parsed namespace and returns the process exit code: 0 done, 1 nothing
+matched / refused (the reason on stderr), 2 usage errors (argparse's own).
+
+`gc` here has two modes, because an operator usually has no list of live attachments:
+  * `--keep-file FILE`: like CNI GC — release every allocation (of `--network`, or of all
+    networks) whose (containerID, ifname) is not listed. FILE is JSON: a list of
+    {"containerID", "ifname"} or an object with "cni.dev/valid-attachments".
+  * otherwise: release allocations whose recorded network namespace path no longer
+    exists (the sandbox is gone). Allocations with no recorded netns (imported from
+    host-local, or recorded by a caller that gave none) are never released this way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import os
+import sys
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+from cni.errors import CniError, Code
+from cni.netconf import valid_attachments
+from ipam.config import DEFAULT_DATA_DIR
+from ipam.sqlite_store import DB_NAME, SqliteStore
+from ipam.store import Allocation, release_addresses
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `ipam` and its sub-commands to `subparsers` (from `add_subparsers()`)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--data-dir", default=DEFAULT_DATA_DIR,
+        help=f"the IPAM store's directory, the config's ipam.dataDir (default {DEFAULT_DATA_DIR})",
+    )
+    common.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    ipam = subparsers.add_parser("ipam", help="inspect and repair IP address allocations")
+    sub = ipam.add_subparsers(dest="ipam_command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser("ls", parents=[common], help="list allocations")
+    p.add_argument("--network", help="only this network")
+    p.set_defaults(func=cmd_ls)
+
+    p = sub.add_parser("show", parents=[common], help="show who holds an address")
+    p.add_argument("address")
+    p.add_argument("--network", help="only this network")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("release", parents=[common], help="release one address")
+    p.add_argument("address")
+    p.add_argument("--network", help="the network (needed when several hold the address)")
+    p.set_defaults(func=cmd_release)
+
+    p = sub.add_parser(
+        "gc", parents=[common],
+        help="release allocations whose container is gone",
+        description="Without --keep-file: release allocations whose recorded netns no longer "
+                    "exists. With --keep-file: release every allocation not listed in it.",
+    )
+    p.add_argument("--network", help="only this network")
+    p.add_argument("--keep-file", help="JSON list of {containerID, ifname} to keep")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be released")
+    p.set_defaults(func=cmd_gc)
+
+    p = sub.add_parser(
+        "import-host-local", parents=[common],
+        help="take over host-local's allocations (its dataDir, or one network's directory)",
+    )
+    p.add_argument("dir", help="host-local's dataDir, e.g. /var/lib/cni/networks")
+    p.add_argument("--network", help="import only this network (or: name for a network dir)")
+    p.add_argument("--default-ifname", default="eth0",
+                   help="interface for files from old host-local releases that name none")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be imported")
+    p.set_defaults(func=cmd_import_host_local)
+    return ipam
+
+
+# ---- output helpers ---------------------------------------------------------------------
+
+
+def _when(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ") if ts else "-"
+
+
+def _table(rows: list[Allocation]) -> str:
+    header = ("NETWORK", "ADDRESS", "CONTAINER", "IFNAME", "POD", "CREATED")
+    lines = [header] + [
+        (
+            a.network,
+            str(a.address),
+            a.container_id[:16],
+            a.ifname,
+            f"{a.pod_namespace}/{a.pod_name}" if a.pod_name else "-",
+            _when(a.created),
+        )
+        for a in rows
+    ]
+    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
+        for line in lines
+    )
+
+
+def _emit(args: argparse.Namespace, data: Any, text: str) -> None:
+    if args.json:
+        json.dump(data, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    elif text:
+        print(text)
+
+
+def _fail(message: str) -> int:
+    print(f"tenantnetctl ipam: {message}", file=sys.stderr)
+    return 1
+
+
+def _store(args: argparse.Namespace, *, create: bool = False) -> SqliteStore | None:
+    if not create and not os.path.exists(os.path.join(args.data_dir, DB_NAME)):
+        _fail(f"no IPAM store in {args.data_dir} (is --data-dir the config's ipam.dataDir?)")
+        return None
+    return SqliteStore(args.data_dir)
+
+
+def _matching(store: SqliteStore, address: str, network: str | None) -> list[Allocation] | None:
+    try:
+        wanted = ipaddress.ip_address(address.split("/", 1)[0])
+    except ValueError:
+        _fail(f"{address!r} is not an IPv4 or IPv6 address")
+        return None
+    return [a for a in store.allocations(network) if a.address == wanted]
+
+
+def _guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A store that cannot be opened or written is a message and exit code 1, not a trace."""
+
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args)
+        except CniError as err:
+            return _fail(err.msg)
+
+    run.__name__ = handler.__name__
+    run.__doc__ = handler.__doc__
+    return run
+
+
+# ---- commands ---------------------------------------------------------------------------
+
+
+@_guard
+def cmd_ls(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if store is None:
+        return 1
+    rows = store.allocations(args.network)
+    _emit(args, [a.to_dict() for a in rows], _table(rows))
+    return 0
+
+
+def _held(args: argparse.Namespace) -> tuple[Any, list[Any]] | int:
+    """The store and the allocations of args.address (in args.network), or an exit code."""
+    store = _store(args)
+    if store is None:
+        return 1
+    rows = _matching(store, args.address, args.network)
+    if rows is None:
+        return 1
+    if not rows:
+        return _fail(f"{args.address} is not allocated"
+                     + (f" in network {args.network!r}" if args.network else ""))
+    return store, rows
+
+
+@_guard
+def cmd_show(args: argparse.Namespace) -> int:
+    held = _held(args)
+    if isinstance(held, int):
+        return held
+    _, rows = held
+    text = "\n\n".join(
+        "\n".join(f"{k:13} {v}" for k, v in a.to_dict().items() if k != "created")
+        + f"\n{'created':13} {_when(a.created)}"
+        for a in rows
+    )
+    _emit(args, [a.to_dict() for a in rows], text)
+    return 0
+
+
+@_guard
+def cmd_release(args: argparse.Namespace) -> int:
+    held = _held(args)
+    if isinstance(held, int):
+        return held
+    store, rows = held
+    if len(rows) > 1:
+        nets = ", ".join(a.network for a in rows)
+        return _fail(f"{args.address} is allocated in several networks ({nets}); "
+                     "choose one with --network")
+    released = release_addresses(store, rows)
+    _emit(args, [a.to_dict() for a in released],
+          "\n".join(f"released {a.address} ({a.network}, container {a.container_id} "
+                    f"{a.ifname})" for a in released))
+    return 0 if released else _fail(f"{args.address} changed hands meanwhile; nothing released")
+
+
+def _keep_from_file(path: str) -> set[tuple[str, str]]:
+    with open(path, encoding="utf-8") as fh:
+        data = json.load(fh)
+    if isinstance(data, list):
+        data = {"cni.dev/valid-attachments": data}
+    if not isinstance(data, dict):
+        raise CniError(Code.INVALID_CONFIG, f"--keep-file {path}: must hold a JSON list or object")
+    return valid_attachments(data)
+
+
+@_guard
+def cmd_gc(args: argparse.Namespace) -> int:
+    store = _store(args)
+    if store is None:
+        return 1
+    rows = store.allocations(args.network)
+    unknown: list[Allocation] = []
+    if args.keep_file:
+        try:
+            keep = _keep_from_file(args.keep_file)
+        except (OSError, ValueError, CniError) as exc:
+            return _fail(f"cannot use --keep-file {args.keep_file}: {exc}")
+        stale = [a for a in rows if a.attachment not in keep]
+    else:
+        stale = [a for a in rows if a.netns and not os.path.exists(a.netns)]
+        unknown = [a for a in rows if not a.netns]
+    released = stale if args.dry_run else release_addresses(store, stale)
+    verb = "would release" if args.dry_run else "released"
+    lines = [f"{verb} {a.address} ({a.network}, container {a.container_id} {a.ifname})"
+             for a in released]
+    if unknown:
+        lines.append(f"kept {len(unknown)} allocation(s) with no recorded netns "
+                     "(use --keep-file to collect those)")
+    _emit(args, {"released" if not args.dry_run else "wouldRelease":
+                 [a.to_dict() for a in released],
+                 "keptUnknown": [a.to_dict() for a in unknown]},
+          "\n".join(lines) or "nothing to release")
+    return 0
+
+
+@_guard
+def cmd_import_host_local(args: argparse.Namespace) -> int:
+    from ipam.hostlocal import import_dir
+
+    store = _store(args, create=True)
+    assert store is not None
+    try:
+        report = import_dir(store, args.dir, args.network,
+                            default_ifname=args.default_ifname, dry_run=args.dry_run)
+    except (CniError, OSError) as exc:
+        return _fail(f"cannot import {args.dir}: {exc}")
+    lines = []
+    for ours, theirs in report.conflicts:
+        lines.append(f"conflict: {ours.address} ({ours.network}) is {ours.container_id} "
+                     f"{ours.ifname} in host-local but {theirs.container_id} {theirs.ifname} here")
+    verb = "imported" if report.recorded else "would import"
+    lines.append(f"{verb} {len(report.imported)} allocation(s); "
+                 f"{len(report.already)} already present")
+    if report.conflicts:
+        lines.append("nothing recorded: resolve the conflicts first (tenantnetctl ipam release)")
+    _emit(args, {
+        "recorded": report.recorded,
+        "imported": [a.to_dict() for a in report.imported],
+        "already": [a.to_dict() for a in report.already],
+        "conflicts": [{"hostLocal": a.to_dict(), "store": b.to_dict()}
+                      for a, b in report.conflicts],
+    }, "\n".join(lines))
+    return 1 if report.conflicts else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (`python -m tenantnet.ops.ipamctl ipam ls`) until tenantnetctl wires `register`."""
+    parser = argparse.ArgumentParser(prog="tenantnetctl")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(argv)
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

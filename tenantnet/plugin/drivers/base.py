@@ -1,0 +1,148 @@
+"""The interface every attachment mode implements, and the registry of modes.
+
+A driver owns the objects of one mode (for `ovs`: a veth pair and an OVS port). The core
+owns everything shared: records, IPAM, addresses in the pod, results, rollback. Adding a
+mode means adding a module here and a line in `_DRIVERS` — nothing else changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from cni.env import CniEnv
+from cni.errors import CniError, Code
+from cni.result import Interface
+from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.records import AttachmentRecord
+from tenantnet.plugin.tnconf import TenantnetConf
+
+
+@dataclass
+class Attached:
+    """What a driver made: the host-side interface (if any) and the pod interface's name."""
+
+    host: Interface | None
+    pod_ifname: str
+    pci_id: str = ""
+    # False when there is no kernel netdev in the pod (a VF bound to vfio-pci for DPDK):
+    # addresses are then allocated and reported but configured by the workload itself.
+    has_netdev: bool = True
+    # The NPWG device-info "pci" fields (pci-address, pf-pci-address, rdma-device, …).
+    device_info: dict[str, str] | None = None
+    # Driver work still running on a helper thread (ovs: the port's OVSDB transaction) while
+    # the core does IPAM and the pod's addresses; the core waits for it before it reports
+    # success, and before any rollback.
+    pending: Future[Any] | None = None
+
+
+MARK_PREFIX = "tenantnet:"
+
+
+def owner_mark(network: str, container_id: str, ifname: str) -> str:
+    """The ownership mark tenantnet writes into the interface alias (IFLA_IFALIAS, ≤ 255
+    bytes) of the links it creates or takes: a host veth, a VF's netdev. The alias travels
+    with the link between namespaces, so a DEL without a record can prove that a link is
+    this attachment's before it touches it (docs/security.md). The network is hashed to keep
+    the mark within the kernel's limit; container ids have no ':' and ifnames no '/'."""
+    digest = hashlib.sha256(network.encode()).hexdigest()[:16]
+    return f"{MARK_PREFIX}{digest}:{container_id}/{ifname}"
+
+
+def mark_owner(alias: str, network: str) -> tuple[str, str] | None:
+    """(container id, ifname) of a mark of `network`, or None if the alias is no such mark."""
+    prefix = owner_mark(network, "", "")[:-1]
+    if not alias.startswith(prefix):
+        return None
+    cid, sep, ifname = alias[len(prefix):].partition("/")
+    return (cid, ifname) if sep and cid and ifname else None
+
+
+_helpers: ThreadPoolExecutor | None = None
+_helpers_lock = threading.Lock()
+
+
+def in_background(work: Callable[..., Any], *args: Any) -> Future[Any]:
+    """Run `work(*args)` on a helper thread of the host namespace, for steps that mostly wait
+    (an OVSDB round trip, the kernel tearing a veth down) while the caller goes on."""
+    global _helpers
+    with _helpers_lock:
+        if _helpers is None:
+            _helpers = ThreadPoolExecutor(16, thread_name_prefix="tenantnet-helper")
+    return _helpers.submit(work, *args)
+
+
+class Driver(ABC):
+    mode: str
+
+    def __init__(self, node: NodeConfig) -> None:
+        self.node = node
+
+    @contextmanager
+    def reserve(self) -> Iterator[None]:
+        """Held while the core plans and writes the intent record (e.g. to pick a free VF)."""
+        yield
+
+    @abstractmethod
+    def plan(self, conf: TenantnetConf, env: CniEnv, records: Any = None) -> dict[str, Any]:
+        """Names and settings fixed *before* anything is created; stored in the record.
+
+        `records` (the RecordStore) lets a driver see what other attachments hold.
+        """
+
+    def plan_without_record(self, conf: TenantnetConf, env: CniEnv,
+                            records: Any = None) -> dict[str, Any] | None:
+        """The plan DEL uses when there is no record: only objects that provably belong to
+        this (container id, ifname) — None when there are none to undo."""
+        return self.plan(conf, env, None)
+
+    @abstractmethod
+    def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
+        """Create the interface inside the pod netns and wire its host side."""
+
+    @abstractmethod
+    def detach(self, record: AttachmentRecord) -> None:
+        """Undo `attach`; idempotent, works with the netns already gone."""
+
+    @abstractmethod
+    def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
+        """Differences between the record (and the config it was made from) and what is live."""
+
+    @abstractmethod
+    def describe(self, record: AttachmentRecord) -> dict[str, Any]:
+        """Live facts for operators (port, bridge, VLAN …)."""
+
+    def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
+                plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
+        """Objects of ours for `network` that have no record and are not to be kept.
+
+        Returned as synthetic records so that GC can pass them to `detach`.
+        """
+        return []
+
+
+_DRIVERS = {
+    "ovs": "tenantnet.plugin.drivers.ovs:OvsDriver",
+    "sriov": "tenantnet.plugin.drivers.sriov:SriovDriver",
+    "ovs-offload": "tenantnet.plugin.drivers.ovs_offload:OvsOffloadDriver",
+}
+
+
+def for_mode(mode: str, node: NodeConfig) -> Driver:
+    target = _DRIVERS.get(mode)
+    if target is None:
+        raise CniError(
+            Code.UNSUPPORTED_FIELD,
+            f"unsupported field value: mode={mode!r}: not available in this version of tenantnet; "
+            f"available modes: {', '.join(_DRIVERS)}",
+        )
+    module, _, cls = target.partition(":")
+    driver: Driver = getattr(importlib.import_module(module), cls)(node)
+    return driver

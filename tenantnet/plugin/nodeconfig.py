@@ -1,0 +1,192 @@
+"""The node configuration: `/etc/tenantnet/tenantnet.yaml` (or `$TENANTNET_CONFIG`).
+
+A missing file means defaults. An invalid file is an error naming the file and the key,
+because a silently ignored typo in a node config is how attachments end up on the wrong
+OVS or state goes to the wrong place.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from cni.errors import CniError, Code
+from cni.log import DEFAULT_LOG_FILE, level_number
+from hostfiles.confined import plain_path_problem
+from ipam.config import DEFAULT_CONFINEMENT
+
+DEFAULT_PATH = "/etc/tenantnet/tenantnet.yaml"
+DEFAULT_OVSDB = "unix:/var/run/openvswitch/db.sock"
+DEFAULT_STATE_DIR = "/var/lib/tenantnet"
+DEFAULT_AGENT_SOCKET = "/run/tenantnet/agent.sock"
+# Where Multus puts device-info files (its CNIDeviceInfoFile paths are below it).
+DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
+# What a NAD may name (docs/security.md): each path must be one of these or below one.
+DEFAULT_OVS_CONFIGURATION_PATHS = ("/etc/kubernetes/cni/net.d/ovs.d",)
+DEFAULT_RESOLV_CONF_PATHS = DEFAULT_CONFINEMENT.resolv_conf_paths
+DEFAULT_IPAM_DATA_DIRS = DEFAULT_CONFINEMENT.data_dirs
+PRECONDITIONS = {"eswitchSwitchdev": "warn", "hwTcOffload": "warn", "ovsHwOffload": "warn"}
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    ovsdb: str = DEFAULT_OVSDB
+    state_dir: str = DEFAULT_STATE_DIR
+    log_file: str = DEFAULT_LOG_FILE
+    log_level: str = "info"
+    ovsdb_timeout: float = 5.0
+    # ADD/DEL of an OVS port wait until ovs-vswitchd has applied it (ovs-vsctl's default)
+    # instead of returning once OVSDB committed it (`--no-wait`, what ovs-cni does).
+    ovs_wait: bool = False
+    sysfs_root: str = "/sys"
+    # How VFs are configured through their PF: "netlink" (a real NIC) or "lab:<lab dir>"
+    # (the lab's simulated NIC, see tenantnet/lab/nic.py).
+    vf_control: str = "netlink"
+    tenancy: dict[str, Any] | None = None  # inline tenancy policy (tenantnet/plugin/tenancy.py)
+    tenancy_file: str | None = None
+    # Where `tenantnetctl agent run` listens and the `tenantnet` shim connects (docs/agent.md).
+    agent_socket: str = DEFAULT_AGENT_SOCKET
+    # Mode ovs-offload preconditions: "warn" (default) or "refuse", per precondition.
+    offload_preconditions: dict[str, str] = field(default_factory=lambda: dict(PRECONDITIONS))
+    # Tenant-named host paths are honoured only inside these (docs/security.md).
+    device_info_dir: str = DEFAULT_DEVICE_INFO_DIR
+    ovs_configuration_paths: tuple[str, ...] = DEFAULT_OVS_CONFIGURATION_PATHS
+    resolv_conf_paths: tuple[str, ...] = DEFAULT_RESOLV_CONF_PATHS
+    ipam_data_dirs: tuple[str, ...] = DEFAULT_IPAM_DATA_DIRS
+    # OVSDB endpoints a NAD's socket_file may name, besides `ovsdb`.
+    ovsdb_endpoints: tuple[str, ...] = ()
+    source: str = "(defaults)"
+
+    @property
+    def log_dir(self) -> str:
+        """The directory of the node's log: a NAD's `logFile` must be directly in it."""
+        return os.path.dirname(self.log_file)
+
+    def allowed_ovsdb(self) -> tuple[str, ...]:
+        return (self.ovsdb, *self.ovsdb_endpoints)
+
+
+# YAML key -> (dataclass field, type check, description of what is allowed)
+_KEYS: dict[str, tuple[str, type, str]] = {
+    "ovsdb": ("ovsdb", str, "an OVSDB endpoint: unix:/path, tcp:host:port or ssl:host:port"),
+    "stateDir": ("state_dir", str, "an absolute directory path"),
+    "logFile": ("log_file", str, "an absolute file path"),
+    "logLevel": ("log_level", str, "one of debug, info, warning, error"),
+    "ovsdbTimeout": ("ovsdb_timeout", float, "a number of seconds between 0.1 and 120"),
+    "ovsWait": ("ovs_wait", bool, "true or false"),
+    "sysfsRoot": ("sysfs_root", str, "an absolute directory path (default /sys)"),
+    "vfControl": ("vf_control", str, "netlink, or lab:/path/of/the/lab (the lab's simulated NIC)"),
+    "tenancy": ("tenancy", dict, "a mapping with tenants (see docs/tenancy.md)"),
+    "tenancyFile": ("tenancy_file", str, "an absolute path of a YAML file with the tenancy policy"),
+    "agentSocket": ("agent_socket", str, "an absolute path of the agent's unix socket"),
+    "offloadPreconditions": ("offload_preconditions", dict,
+                             "a mapping of eswitchSwitchdev, hwTcOffload, ovsHwOffload to warn or refuse"),
+    "deviceInfoDir": ("device_info_dir", str, "an absolute directory path (Multus's devinfo directory)"),
+    "ovsConfigurationPaths": ("ovs_configuration_paths", list,
+                              "a list of absolute paths a NAD's configuration_path may name or be below"),
+    "resolvConfPaths": ("resolv_conf_paths", list,
+                        "a list of absolute paths a NAD's ipam.resolvConf may name or be below"),
+    "ipamDataDirs": ("ipam_data_dirs", list,
+                     "a list of absolute directories a NAD's ipam.dataDir may name or be below"),
+    "ovsdbEndpoints": ("ovsdb_endpoints", list,
+                       "a list of OVSDB endpoints (unix:/path, tcp:host:port) a NAD's socket_file may name"),
+}
+
+_PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
+
+
+_PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir")
+
+
+def normalise_ovsdb_endpoint(value: str) -> str | None:
+    """`unix:/p`, `tcp:h:p`, `ssl:h:p`, or a bare absolute path (taken as unix:)."""
+    if value.startswith("/"):
+        return "unix:" + value
+    kind, _, rest = value.partition(":")
+    if kind == "unix" and rest.startswith("/"):
+        return value
+    if kind in ("tcp", "ssl"):
+        host, _, port = rest.rpartition(":")
+        if host and port.isdigit() and 0 < int(port) < 65536:
+            return value
+    return None
+
+
+def _bad(path: str, key: str, value: Any, allowed: str) -> CniError:
+    return CniError(
+        Code.INVALID_CONFIG,
+        f"invalid node config {path}: {key}={value!r}: {allowed}",
+    )
+
+
+def ovsdb_handle(node: NodeConfig, endpoint: str | None = None) -> Any:
+    """The process-wide OVSDB handle for `endpoint` (default: the node's), with the node's
+    time-out and vswitchd wait."""
+    from tenantnet.plugin.system import ovsdb
+
+    return ovsdb.connect(endpoint or node.ovsdb, node.ovsdb_timeout, node.ovs_wait)
+
+
+def load(path: str | None = None) -> NodeConfig:
+    path = path or os.environ.get("TENANTNET_CONFIG") or DEFAULT_PATH
+    try:
+        with open(path, encoding="utf-8") as fh:
+            text = fh.read()
+    except FileNotFoundError:
+        return NodeConfig()
+    except OSError as exc:
+        raise CniError(Code.IO_FAILURE, f"cannot read node config {path}: {exc.strerror}") from None
+    import yaml
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise CniError(Code.INVALID_CONFIG, f"invalid node config {path}: not valid YAML: {exc}") from None
+    if data is None:
+        return replace(NodeConfig(), source=path)
+    if not isinstance(data, dict):
+        raise CniError(Code.INVALID_CONFIG, f"invalid node config {path}: must be a YAML mapping")
+    values: dict[str, Any] = {"source": path}
+    for key, value in data.items():
+        if key not in _KEYS:
+            raise CniError(
+                Code.INVALID_CONFIG,
+                f"invalid node config {path}: unknown key {key!r}; known keys: {', '.join(_KEYS)}",
+            )
+        attr, typ, allowed = _KEYS[key]
+        if typ is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
+            raise _bad(path, key, value, allowed)
+        if key == "ovsdb":
+            value = normalise_ovsdb_endpoint(value)
+            if value is None:
+                raise _bad(path, key, data[key], allowed)
+        elif key == "vfControl" and not (value == "netlink" or value.startswith("lab:/")):
+            raise _bad(path, key, value, allowed)
+        elif key in _PATH_KEYS and plain_path_problem(value):
+            raise _bad(path, key, value, allowed)
+        elif key in _PATH_LIST_KEYS:
+            if any(plain_path_problem(v) for v in value):
+                raise _bad(path, key, value, allowed)
+            value = tuple(value)
+        elif key == "ovsdbEndpoints":
+            endpoints = [normalise_ovsdb_endpoint(v) if isinstance(v, str) else None for v in value]
+            if None in endpoints:
+                raise _bad(path, key, value, allowed)
+            value = tuple(e for e in endpoints if e)
+        elif key == "offloadPreconditions":
+            known = set(value) <= set(PRECONDITIONS)
+            if not known or not all(v in ("warn", "refuse") for v in value.values()):
+                raise _bad(path, key, value, allowed)
+            value = {**PRECONDITIONS, **value}
+        elif key == "logLevel":
+            try:
+                level_number(value)
+            except KeyError:
+                raise _bad(path, key, value, allowed) from None
+        elif key == "ovsdbTimeout" and not 0.1 <= value <= 120:
+            raise _bad(path, key, value, allowed)
+        values[attr] = value
+    return replace(NodeConfig(), **values)
