@@ -47,7 +47,7 @@ from bench.common import (  # noqa: E402
     table,
     write_block,
 )
-from tenantnet.entry import agent as agentmod  # noqa: E402
+from tenantnet.entry import agentctl as agentmod  # noqa: E402
 from tenantnet.lab import node as lab  # noqa: E402
 
 GO_BRIDGE = "/usr/lib/cni/bridge"

@@ -111,13 +111,14 @@ if __name__ == "__main__":
 def start_agent(node_config: Path, log: Path) -> subprocess.Popen[bytes]:
     """`tenantnetctl agent run` for `node_config` (which names its agentSocket), once it answers."""
 
-    from tenantnet.entry import agent as agentmod
+    from tenantnet.entry import agentctl as agentmod
     from tenantnet.entry import shim
+    from tenantnet.plugin import nodepath
 
     with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.entry.agent", "--node-config",
+        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.entry.agentctl", "--node-config",
                                  str(node_config), "run"], stdout=subprocess.DEVNULL, stderr=err)
-    sock = shim.agent_socket_of(str(node_config))[0]
+    sock = nodepath.agent_socket_of(str(node_config))[0]
     deadline = time.monotonic() + 30
     while True:
         try:

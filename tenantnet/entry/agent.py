@@ -5,10 +5,10 @@ admission (a bound on requests in flight, over it → CNI code 11 at once), seri
 requests for one attachment, the worker pool, per-request JSON log lines, and the health
 report behind `tenantnetctl agent status`.
 
-It adds no behaviour of its own: every request runs through `cni.skel.run` with the same
-handlers as the in-process path (`tenantnet.entry.plugin.dispatch` on a `tenantnet.plugin.core.Plugin`,
-`tenantnet.entry.ipam.handle`), so an answer is byte for byte what the executable would print
-without an agent. What the agent keeps between requests is only what is expensive to
+It adds no behaviour of its own: every request runs through the same `run_call` as the
+in-process path (`tenantnet.entry.plugin`, `tenantnet.entry.ipam`), so an answer is byte
+for byte what the executable would print without an agent. Its command line (`run`,
+`status`) is `tenantnet/entry/agentctl.py`. What the agent keeps between requests is only what is expensive to
 rebuild and never authoritative: imported modules, one OVSDB connection per endpoint, a
 host netlink socket per worker thread, the open IPAM stores, parsed node configs. The
 truth stays on disk (attachment records, the IPAM store) and in OVSDB, so the agent can be
@@ -17,17 +17,14 @@ SIGKILLed at any instant and a new one simply carries on (docs/agent.md).
 
 from __future__ import annotations
 
-import argparse
 import fcntl
 import itertools
 import json
 import logging
 import os
-import signal
 import socket
 import stat
 import struct
-import sys
 import threading
 import time
 from concurrent import futures
@@ -141,13 +138,14 @@ class Agent:
 
     # ---- start / stop ---------------------------------------------------------------------
     def start(self, log_file: str, log_level: str) -> None:
-        from cni import log
+        from tenantnet.entry import logsetup
+        from tenantnet.plugin import log
 
-        log.setup(log_file, log_level)
+        logsetup.setup(log_file, log_level)
         root = logging.getLogger()
-        self._capture.setFormatter(log.stderr_formatter())
+        self._capture.setFormatter(logsetup.stderr_formatter())
         root.addHandler(self._capture)
-        self.log = log.get("tenantnet.entry.agent")
+        self.log = log.get("tenantnet.agent")
         prepare_socket_dir(self.socket_path)
         # One agent per socket: the lock dies with its holder, even on SIGKILL, so a stale
         # socket file left by a killed agent can be replaced safely.
@@ -392,8 +390,7 @@ class Agent:
         """Run one request on a worker thread; (exit code, stdout, stderr)."""
         import structlog
 
-        from cni import skel
-        from tenantnet.plugin import nodeconfig as config
+        from tenantnet.plugin import nodepath
 
         started = time.monotonic()
         if started > deadline:
@@ -411,31 +408,17 @@ class Agent:
             request=rid, plugin=plugin, command=environ.get("CNI_COMMAND", ""),
             container_id=environ.get("CNI_CONTAINERID", ""), ifname=environ.get("CNI_IFNAME", ""))
         self._capture.start()
-        node_path = environ.get("TENANTNET_CONFIG") or config.DEFAULT_PATH
+        node_path = nodepath.node_config_path(environ=environ)
         try:
             if plugin == "tenantnet":
                 from tenantnet.entry import plugin as entry
-                from tenantnet.plugin import settings
-                from tenantnet.plugin.core import Plugin
 
-                def handler(env: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
-                    # As `tenantnet.entry.plugin.handle`, minus the per-call logging set-up: the
-                    # agent's log is configured once, and each line carries the request id.
-                    node = self._node(node_path)
-                    if env.command != "DEL":
-                        settings.log_settings(raw, node)  # the same refusals as in-process
-                    return entry.dispatch(Plugin(node), env, raw)
-
-                refused = entry.refuse_delegated(environ, stdin)
-                code, text = refused or skel.run(handler, environ, stdin, entry.log_unexpected)
+                code, text = entry.run_call(environ, stdin, lambda: self._node(node_path),
+                                            set_up_logging=False)
             else:
                 from tenantnet.entry import ipam as ipam_entry
-                from tenantnet.plugin.ipam_client import confinement
 
-                def ipam_handler(env: Any, raw: dict[str, Any]) -> dict[str, Any] | None:
-                    return ipam_entry.handle(env, raw, confinement(self._node(node_path)))
-
-                code, text = skel.run(ipam_handler, environ, stdin, ipam_entry.log_unexpected)
+                code, text = ipam_entry.run_call(environ, stdin, lambda: self._node(node_path))
         finally:
             err = self._capture.stop()
             with self._lock:
@@ -461,131 +444,3 @@ class Agent:
                     "workers": self.workers, "served": s.served, "rejected": s.rejected,
                     "expired": s.expired, "protocolErrors": s.protocol_errors,
                     "rssKb": rss, "peakRssKb": peak}
-
-
-# ---- command line -------------------------------------------------------------------------
-
-def _node_config_path(args: argparse.Namespace) -> str:
-    from tenantnet.plugin import nodeconfig as config
-
-    return getattr(args, "node_config", None) or os.environ.get("TENANTNET_CONFIG") or config.DEFAULT_PATH
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    """`agent run`: serve until SIGTERM/SIGINT; returns only on a start-up error."""
-    from cni.errors import CniError
-    from tenantnet.plugin import nodeconfig as config
-
-    path = _node_config_path(args)
-    try:
-        node = config.load(path)
-    except CniError as err:
-        print(f"tenantnetctl agent run: {err.msg}", file=sys.stderr)
-        return 2
-    socket_path = args.socket or node.agent_socket
-    if not args.socket and os.path.exists(path):
-        seen, _ = shim.agent_socket_of(path)
-        if seen != node.agent_socket:
-            print(f"tenantnetctl agent run: {path}: the shim reads agentSocket as {seen!r}, YAML as "
-                  f"{node.agent_socket!r}; write it as one plain top-level line `agentSocket: /path`",
-                  file=sys.stderr)
-            return 2
-    if args.max_inflight < 1 or args.workers < 1:
-        print("tenantnetctl agent run: --max-inflight and --workers must be at least 1", file=sys.stderr)
-        return 2
-    agent = Agent(socket_path, path, max_inflight=args.max_inflight, workers=args.workers)
-    try:
-        agent.start(node.log_file, node.log_level)
-    except (AgentError, OSError) as exc:
-        print(f"tenantnetctl agent run: {exc}", file=sys.stderr)
-        return 1
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: agent.stop())
-    print(f"tenantnet agent serving {socket_path} (pid {os.getpid()})", file=sys.stderr, flush=True)
-    agent.serve_forever()
-    # Every request has been answered and the socket removed. A normal interpreter exit
-    # would now wait ≈ 1.5 s for ovsdbapp's connection thread; nothing is left to flush
-    # but the log, so leave at once (a restart during a rollout should be quick).
-    logging.shutdown()
-    os._exit(0)
-
-
-def query_status(socket_path: str, timeout: float = 5.0) -> dict[str, Any]:
-    """The agent's health report; raises shim.AgentUnavailable / shim.AgentFailed."""
-    code, out, _ = shim.ask(socket_path, STATUS_OP, {}, b"", timeout)
-    if code != 0:
-        raise shim.AgentFailed(out.decode(errors="replace"))
-    return json.loads(out)  # type: ignore[no-any-return]
-
-
-def cmd_status(args: argparse.Namespace) -> int:
-    path = _node_config_path(args)
-    socket_path = args.socket or shim.agent_socket_of(path)[0]
-    try:
-        report = query_status(socket_path, args.timeout)
-    except (shim.AgentUnavailable, shim.AgentFailed, ValueError) as exc:
-        if args.json:
-            print(json.dumps({"running": False, "socket": socket_path, "error": str(exc)}, indent=2))
-        else:
-            print(f"tenantnet agent: not running ({exc}); plugin calls run in-process", file=sys.stderr)
-        return 3
-    wedged = report.get("oldestRunningS", 0) > args.wedged_after
-    if args.json:
-        print(json.dumps({"running": True, **report, "wedged": wedged}, indent=2))
-    else:
-        print(f"tenantnet agent: running, pid {report['pid']}, socket {report['socket']}, "
-              f"up {report['uptimeS']} s")
-        print(f"  served {report['served']}, rejected {report['rejected']} (limit {report['maxInflight']} "
-              f"in flight, {report['workers']} workers), expired {report['expired']}")
-        print(f"  RSS {report['rssKb'] / 1024:.1f} MB (peak {report['peakRssKb'] / 1024:.1f} MB)")
-    if wedged:
-        print(f"tenantnet agent: wedged: a worker has been busy on one request for "
-              f"{report['oldestRunningS']:.1f} s (more than --wedged-after {args.wedged_after:g} s)",
-              file=sys.stderr)
-        return 4
-    return 0
-
-
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `agent run|status` to `subparsers` (from `add_subparsers()`)."""
-    p = subparsers.add_parser("agent", help="the per-node agent serving plugin calls fast (docs/agent.md)")
-    sub = p.add_subparsers(dest="agent_command", required=True, metavar="run|status")
-    run = sub.add_parser("run", help="serve CNI calls on the node config's agentSocket until SIGTERM")
-    run.add_argument("--socket", help="unix socket path (default: the node config's agentSocket)")
-    run.add_argument("--max-inflight", type=int, default=DEFAULT_MAX_INFLIGHT, metavar="N",
-                     help=f"requests in flight before new ones get code 11 (default {DEFAULT_MAX_INFLIGHT})")
-    run.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
-                     help=f"requests executed at once (default {DEFAULT_WORKERS})")
-    run.set_defaults(func=cmd_run)
-    st = sub.add_parser("status", help="is the agent answering? (exit 3 if not)")
-    st.add_argument("--socket", help="unix socket path (default: the node config's agentSocket)")
-    st.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")
-    st.add_argument("--json", action="store_true", help="machine-readable output")
-    st.add_argument("--wedged-after", type=float, default=DEFAULT_WEDGED_AFTER, metavar="S",
-                    help="fail (exit 4) when a worker has been busy on one request for longer than "
-                         f"this many seconds, so a liveness probe restarts the agent (default "
-                         f"{DEFAULT_WEDGED_AFTER:g})")
-    st.set_defaults(func=cmd_status)
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m tenantnet.entry.agent run|status` (the same as `tenantnetctl agent …`)."""
-    parser = argparse.ArgumentParser(prog="tenantnet-agent")
-    parser.add_argument("--node-config", metavar="PATH",
-                        help="node config file (default: $TENANTNET_CONFIG or /etc/tenantnet/tenantnet.yaml)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    register(sub)
-    rest = list(sys.argv[1:] if argv is None else argv)
-    head: list[str] = []  # the global option goes before the implied `agent` word
-    while rest and rest[0].startswith("--node-config"):
-        option = rest.pop(0)
-        head.append(option)
-        if "=" not in option and rest:
-            head.append(rest.pop(0))
-    args = parser.parse_args([*head, "agent", *rest])
-    return int(args.func(args))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -11,30 +11,30 @@ from __future__ import annotations
 
 TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are strings here
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
     from typing import Any
 
     from cni.env import CniEnv
+    from ipam.config import Confinement
+    from tenantnet.plugin.nodeconfig import NodeConfig
 
 
-def confinement(node_config: str | None = None) -> Any:
+def confinement(node: NodeConfig) -> Confinement | None:
     """The node config's limits on dataDir and resolvConf (the executable runs as root on
     tenant input just as the main plugin does)."""
     from tenantnet.plugin import ipam_client
-    from tenantnet.plugin import nodeconfig as config
 
-    node = config.load(node_config)
     if node.source == "(defaults)":
         return None  # no node config: ipam.config's built-in defaults (the same directories)
     return ipam_client.confinement(node)
 
 
-def handle(env: CniEnv, raw: dict[str, Any], limits: Any = None) -> dict[str, Any] | None:
+def handle(env: CniEnv, raw: dict[str, Any], limits: Confinement | None = None) -> dict[str, Any] | None:
+    """One IPAM call; `limits` None means ipam.config's built-in confinement."""
     from cni.netconf import parse_netconf, valid_attachments
     from ipam import plugin
 
     conf = parse_netconf(raw)
-    limits = limits or confinement()
     if env.command == "ADD":
         return plugin.add(env, conf, limits).to_dict(conf.cni_version, ipam=True)
     if env.command == "DEL":
@@ -49,22 +49,35 @@ def handle(env: CniEnv, raw: dict[str, Any], limits: Any = None) -> dict[str, An
 
 
 def log_unexpected(exc: BaseException) -> None:
-    from cni import log
+    from tenantnet.plugin import log
 
     log.get("tenantnet-ipam").error("internal_error", error=f"{type(exc).__name__}: {exc}", exc_info=exc)
 
 
-def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
-    """One CNI call in this process; (exit code, stdout text without the final newline)."""
+def run_call(environ: Mapping[str, str], stdin: bytes, node: Callable[[], NodeConfig]) -> tuple[int, str]:
+    """One CNI IPAM call: (exit code, stdout text without the final newline); `node` gives
+    the node config (read per exec in-process, cached by the agent)."""
     from cni import skel
 
-    return skel.run(handle, environ, stdin, on_unexpected=log_unexpected)
+    def handler(env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
+        return handle(env, raw, confinement(node()))
+
+    return skel.run(handler, environ, stdin, on_unexpected=log_unexpected)
+
+
+def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
+    """One CNI call in this process (the shim's fallback when no agent answers)."""
+    from tenantnet.entry import logsetup
+    from tenantnet.plugin import nodeconfig
+
+    logsetup.default_target_from_env()
+    return run_call(environ, stdin, lambda: nodeconfig.load(environ=environ))
 
 
 def main() -> None:
     from tenantnet.entry import shim
 
-    shim.main("tenantnet-ipam")
+    shim.main("tenantnet-ipam", run_in_process)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ This module owns the client side of the agent protocol and the decision "agent o
 in-process". It imports **only the standard library**, and only cheap parts of it (no
 `json`, `re`, `typing`, not even `socket`'s enum wrappers on the fast path): an exec that
 reaches the agent costs the interpreter start plus a few hundred microseconds, instead of
-the ≈ 180 ms of imports and the OVSDB connect of the in-process plugin (CNI-FACTS.md §5).
+the ≈ 180 ms of imports and the OVSDB connect of the in-process plugin (docs/agent.md).
 
     agent answers              → print its stdout/stderr, exit with its code
     no agent (no socket file,
@@ -32,9 +32,15 @@ import _socket  # the C module: `socket` would pull in enum & co. for nothing we
 import sys
 import time  # built into the interpreter: free
 
+from tenantnet.plugin.nodepath import agent_socket_of, environb, node_config_path
+
+TYPE_CHECKING = False  # typing costs milliseconds to import; annotations are strings here
+if TYPE_CHECKING:
+    from collections.abc import Callable, Mapping
+
+    InProcess = Callable[[Mapping[str, str], bytes], tuple[int, str]]
+
 MAGIC = b"tenantnet/1"
-DEFAULT_NODE_CONFIG = "/etc/tenantnet/tenantnet.yaml"
-DEFAULT_SOCKET = "/run/tenantnet/agent.sock"
 # Seconds the shim waits for the agent's answer (connect + send + answer). An answer later
 # than this is lost, never half-printed; the runtime retries and the agent's per-attachment
 # serialisation plus the records make the retry idempotent.
@@ -60,54 +66,6 @@ class AgentUnavailable(Exception):
 
 class AgentFailed(Exception):
     """An agent took the request but gave no complete answer (stall or crash)."""
-
-
-def _environb() -> dict[bytes, bytes]:
-    """The process environment as bytes. `os` costs ≈ 2 ms to import in an interpreter
-    started with -S (nothing imported it yet); the builtin `posix` holds the same data. Once
-    `os` is loaded (always, without -S), its view is used: it follows os.environ changes."""
-    loaded = sys.modules.get("os")
-    if loaded is not None:
-        return loaded.environb  # type: ignore[no-any-return]
-    import posix
-
-    return posix.environ  # type: ignore[no-any-return]
-
-
-def _fsdecode(value: bytes) -> str:
-    return value.decode(sys.getfilesystemencoding(), "surrogateescape")
-
-
-def node_config_path(environ: dict[bytes, bytes] | None = None) -> str:
-    env = _environb() if environ is None else environ
-    value = env.get(b"TENANTNET_CONFIG")
-    return _fsdecode(value) if value else DEFAULT_NODE_CONFIG
-
-
-def agent_socket_of(config_path: str) -> tuple[str, bool]:
-    """(socket path, whether the node config names it) — without a YAML parser.
-
-    Only a plain top-level `agentSocket: /path` line is recognised (quotes and a trailing
-    comment allowed). The agent refuses to start if its YAML reading of the same file
-    disagrees, so the two can never silently point at different sockets.
-    """
-    try:
-        with open(config_path, "rb") as fh:
-            data = fh.read(1 << 20)
-    except OSError:
-        return DEFAULT_SOCKET, False
-    for line in data.split(b"\n"):
-        if not line.startswith(b"agentSocket:"):
-            continue
-        value = line[len(b"agentSocket:"):]
-        if b" #" in value:
-            value = value.split(b" #", 1)[0]
-        value = value.strip()
-        if len(value) >= 2 and value[:1] == value[-1:] and value[:1] in (b"'", b'"'):
-            value = value[1:-1]
-        if value:
-            return _fsdecode(value), True
-    return DEFAULT_SOCKET, False
 
 
 def timeout_of(environ: dict[bytes, bytes]) -> float:
@@ -232,7 +190,7 @@ def error_json(stdin: bytes, code: int, msg: str, details: str = "") -> bytes:
     return json.dumps(out).encode() + b"\n"
 
 
-def _in_process(plugin: str, stdin: bytes) -> tuple[int, bytes]:
+def _in_process(in_process: InProcess, stdin: bytes) -> tuple[int, bytes]:
     """The same request without an agent: the full plugin in this process."""
     if sys.flags.no_site and "site" not in sys.modules:
         # Started with -S (the fast path needs only the standard library): the libraries
@@ -241,22 +199,18 @@ def _in_process(plugin: str, stdin: bytes) -> tuple[int, bytes]:
         import site
 
         site.main()
-    if plugin == "tenantnet-ipam":
-        from tenantnet.entry import ipam as entry
-    else:
-        from tenantnet.entry import plugin as entry  # type: ignore[no-redef]
     import os
 
-    code, text = entry.run_in_process(os.environ, stdin)
+    code, text = in_process(os.environ, stdin)
     return code, (text + "\n").encode() if text else b""
 
 
-def main(plugin: str) -> None:
-    """The executable: serve one exec of `plugin` and exit. When the agent answered, exit at
-    once: the answer is written and flushed, and the interpreter's orderly shutdown (module
-    teardown, ≈ 2–3 ms here) would only delay the runtime. After the in-process fallback,
-    exit normally so that its libraries can finish."""
-    code = run(plugin)
+def main(plugin: str, in_process: InProcess) -> None:
+    """The executable: serve one exec of `plugin` (falling back to `in_process`) and exit.
+    When the agent answered, exit at once: the answer is written and flushed, and the
+    interpreter's orderly shutdown (module teardown, ≈ 2–3 ms here) would only delay the
+    runtime. After the in-process fallback, exit normally so that its libraries can finish."""
+    code = run(plugin, in_process)
     if _served_by_agent:
         import posix
 
@@ -267,12 +221,14 @@ def main(plugin: str) -> None:
 _served_by_agent = False
 
 
-def run(plugin: str) -> int:
-    """Serve one exec of `plugin`: forward to the agent, or fall back; returns the exit code."""
+def run(plugin: str, in_process: InProcess) -> int:
+    """Serve one exec of `plugin`: forward to the agent, or fall back to `in_process` (the
+    entry module's, which passes itself: the shim never imports the plugin); returns the
+    exit code."""
     global _served_by_agent
     stdin = b"" if sys.stdin is None or sys.stdin.closed else sys.stdin.buffer.read()
-    environ = _environb()
-    socket_path, declared = agent_socket_of(node_config_path(environ))
+    environ = environb()
+    socket_path, declared = agent_socket_of(node_config_path(environ=environ))
     if len(stdin) > MAX_STDIN:
         code, out = 1, error_json(b"", DECODE_FAILURE, f"network config on stdin is {len(stdin)} bytes; "
                                                       f"at most {MAX_STDIN} allowed")
@@ -294,7 +250,7 @@ def run(plugin: str) -> int:
                 stdin, NOT_AVAILABLE, f"tenantnet is not available: {exc} (the node config declares "
                                       "agentSocket; ADD and DEL fall back to the slow in-process path)"), b""
         else:
-            code, out = _in_process(plugin, stdin)
+            code, out = _in_process(in_process, stdin)
             err = b""
     # Through the text layer, as cni.skel.main writes: the bytes are the same (the JSON is
     # ASCII), and a caller that swapped sys.stdout for its own object still sees the write.

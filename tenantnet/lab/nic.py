@@ -28,6 +28,8 @@ from pathlib import Path
 from typing import Any
 
 from tenantnet.lab.nicsysfs import SimPf, write_representors, write_tree
+from tenantnet.lab.ovs import paths, vsctl
+from tenantnet.plugin.system import vfcontrol
 from tenantnet.plugin.system.vfcontrol import VfAttributeRefused, VfControl, VfState
 
 ESW_BRIDGE = "br-esw0"
@@ -184,17 +186,14 @@ class LabVfControl(VfControl):
         self.lab_root = lab_root
 
     def _vsctl(self, *args: str) -> str:
-        from tenantnet.lab.node import vsctl
-
         return vsctl(self.lab_root, *args)
 
     def _set_esw_tag(self, port: str, vlan: int) -> None:
         """The VF's VLAN on its embedded-switch port, through the process's OVSDB handle
         (an ovs-vsctl exec per attribute cost 15–30 ms, more than a real NIC's whole ADD)."""
-        from tenantnet.lab.node import _paths
         from tenantnet.plugin.system import ovsdb
 
-        ovsdb.connect("unix:" + _paths(self.lab_root)["sock"]).set_port_tag(port, vlan or None)
+        ovsdb.connect("unix:" + paths(self.lab_root)["sock"]).set_port_tag(port, vlan or None)
 
     @contextmanager
     def _vf(self, pf: str, index: int) -> Iterator[dict[str, Any]]:
@@ -280,3 +279,8 @@ class LabVfControl(VfControl):
             if netdev == pf_netdev or any(v.get("representor") == netdev for v in pf["vfs"].values()):
                 return bool(pf.get("hwTcOffload", True))
         return None
+
+
+# The lab's node config says `vfControl: lab:<lab dir>` and `vfControlModules:
+# [tenantnet.lab.nic]`: importing this module is what serves it.
+vfcontrol.register("lab", LabVfControl)

@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from tenantnet.lab.ovs import LabError, daemon_pid, paths, run, vsctl
+
 DEFAULT_ROOT = "/run/tenantnet-lab"
 DEFAULT_BRIDGE = "br-lab"
 SCHEMA = "/usr/share/openvswitch/vswitch.ovsschema"
@@ -27,10 +29,6 @@ SCHEMA = "/usr/share/openvswitch/vswitch.ovsschema"
 # but no kernel tap devices: `netdev` creates one tap called `ovs-netdev` per kernel, so two
 # labs (or a lab beside a userspace system OVS) would break each other's forwarding.
 DATAPATH = "dummy"
-
-
-class LabError(Exception):
-    pass
 
 
 @dataclass
@@ -47,58 +45,15 @@ class LabInfo:
     nics: list[dict[str, Any]]
 
 
-def _paths(root: str) -> dict[str, str]:
-    return {
-        "db": os.path.join(root, "conf.db"),
-        "sock": os.path.join(root, "db.sock"),
-        "node_config": os.path.join(root, "tenantnet.yaml"),
-        "state": os.path.join(root, "state"),
-        "log": os.path.join(root, "log", "tenantnet.log"),
-        "meta": os.path.join(root, "lab.json"),
-        "pods": os.path.join(root, "state", "harness", "pods"),
-    }
-
-
-def _pid(root: str, daemon: str) -> int | None:
-    try:
-        with open(os.path.join(root, f"{daemon}.pid")) as fh:
-            pid = int(fh.read().strip())
-    except (OSError, ValueError):
-        return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    return pid
-
-
-def _run(cmd: list[str], root: str, what: str) -> str:
-    env = dict(os.environ, OVS_RUNDIR=root, OVS_DBDIR=root, OVS_LOGDIR=root)
-    try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30, check=False)
-    except FileNotFoundError:
-        raise LabError(f"{what}: {cmd[0]} is not installed (apt-get install openvswitch-switch)") from None
-    except subprocess.TimeoutExpired:
-        raise LabError(f"{what}: {cmd[0]} did not finish within 30 s") from None
-    if proc.returncode != 0:
-        raise LabError(f"{what} failed: {proc.stderr.strip() or proc.stdout.strip()}")
-    return proc.stdout
-
-
-def vsctl(root: str, *args: str) -> str:
-    return _run(["ovs-vsctl", f"--db=unix:{_paths(root)['sock']}", "--timeout=10", *args],
-                root, "ovs-vsctl " + " ".join(args))
-
-
 def status(root: str = DEFAULT_ROOT) -> LabInfo:
-    p = _paths(root)
+    p = paths(root)
     meta: dict[str, Any] = {}
     try:
         with open(p["meta"]) as fh:
             meta = json.load(fh)
     except (OSError, ValueError):
         pass
-    db_pid, vs_pid = _pid(root, "ovsdb-server"), _pid(root, "ovs-vswitchd")
+    db_pid, vs_pid = daemon_pid(root, "ovsdb-server"), daemon_pid(root, "ovs-vswitchd")
     return LabInfo(
         root=root, node_config=p["node_config"], ovsdb=f"unix:{p['sock']}",
         bridge=meta.get("bridge", DEFAULT_BRIDGE), state_dir=p["state"], log_file=p["log"],
@@ -120,7 +75,7 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
     (VF representors, the PF — then named `t<hash>p` — as uplink port of `bridge`). `refuse`
     names VF attributes the simulated NIC refuses (e.g. ["rate"]), to see how a NIC without
     that feature is handled."""
-    p = _paths(root)
+    p = paths(root)
     current = status(root)
     if current.running:
         return current
@@ -131,13 +86,13 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
     with open(p["meta"], "w") as fh:
         json.dump({"bridge": bridge, "created": time.time()}, fh)
     try:
-        _run(["ovsdb-tool", "create", p["db"], SCHEMA], root, "creating the lab OVS database")
-        _run(["ovsdb-server", p["db"], f"--remote=punix:{p['sock']}",
+        run(["ovsdb-tool", "create", p["db"], SCHEMA], root, "creating the lab OVS database")
+        run(["ovsdb-server", p["db"], f"--remote=punix:{p['sock']}",
               f"--pidfile={root}/ovsdb-server.pid", f"--unixctl={root}/ovsdb-server.ctl",
               f"--log-file={root}/ovsdb-server.log", "--detach", "--no-chdir"],
              root, "starting ovsdb-server")
         vsctl(root, "--no-wait", "init")
-        _run(["ovs-vswitchd", f"unix:{p['sock']}", f"--pidfile={root}/ovs-vswitchd.pid",
+        run(["ovs-vswitchd", f"unix:{p['sock']}", f"--pidfile={root}/ovs-vswitchd.pid",
               f"--unixctl={root}/ovs-vswitchd.ctl", f"--log-file={root}/ovs-vswitchd.log",
               "--enable-dummy", "--detach", "--no-chdir"], root, "starting ovs-vswitchd")
         vsctl(root, "add-br", bridge, "--", "set", "Bridge", bridge, f"datapath_type={DATAPATH}",
@@ -181,12 +136,13 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
                 "# the simulated SR-IOV NIC (tenantnet/lab/nic.py): fake sysfs + lab VF control\n"
                 f"sysfsRoot: {root}/sys\n"
                 f"vfControl: lab:{root}\n"
+                "vfControlModules: [tenantnet.lab.nic]\n"
             )
     return status(root)
 
 
 def _stop(root: str, daemon: str) -> None:
-    pid = _pid(root, daemon)
+    pid = daemon_pid(root, daemon)
     if pid is None:
         return
     try:
@@ -220,12 +176,12 @@ def _our_host_links(root: str) -> list[str]:
 def down(root: str = DEFAULT_ROOT) -> list[str]:
     """Remove the lab; returns what was cleaned up (for the operator to see)."""
     removed: list[str] = []
-    p = _paths(root)
+    p = paths(root)
     for pod in sorted(os.listdir(p["pods"])) if os.path.isdir(p["pods"]) else []:
         if os.path.exists(f"/run/netns/{pod}"):
             subprocess.run(["ip", "netns", "delete", pod], capture_output=True, check=False)
             removed.append(f"netns {pod}")
-    if _pid(root, "ovsdb-server"):
+    if daemon_pid(root, "ovsdb-server"):
         for link in _our_host_links(root):
             if subprocess.run(["ip", "link", "delete", link], capture_output=True,
                               check=False).returncode == 0:
@@ -233,16 +189,16 @@ def down(root: str = DEFAULT_ROOT) -> list[str]:
     from tenantnet.lab.nic import LabNic
 
     removed += LabNic(root).destroy()
-    if _pid(root, "ovs-vswitchd"):
+    if daemon_pid(root, "ovs-vswitchd"):
         # `exit --cleanup` deletes the datapath and its ports before the process ends.
         try:
-            _run(["ovs-appctl", "-t", f"{root}/ovs-vswitchd.ctl", "exit", "--cleanup"], root,
+            run(["ovs-appctl", "-t", f"{root}/ovs-vswitchd.ctl", "exit", "--cleanup"], root,
                  "stopping ovs-vswitchd")
         except LabError:
             pass
         _stop(root, "ovs-vswitchd")
         removed.append("ovs-vswitchd")
-    if _pid(root, "ovsdb-server"):
+    if daemon_pid(root, "ovsdb-server"):
         _stop(root, "ovsdb-server")
         removed.append("ovsdb-server")
     shutil.rmtree(root, ignore_errors=True)

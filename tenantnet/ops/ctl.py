@@ -29,21 +29,20 @@ EPILOG = """examples:
 """
 
 
-def _node_config_path(args: argparse.Namespace) -> str | None:
-    """--node-config, else $TENANTNET_CONFIG, else the default lab's while it is up."""
-    if args.node_config or os.environ.get("TENANTNET_CONFIG"):
-        return args.node_config or os.environ.get("TENANTNET_CONFIG")
-    from tenantnet.lab import node as lab
+def node_config_path(args: argparse.Namespace) -> str | None:
+    """--node-config, else $TENANTNET_CONFIG, else the default lab's while it is up (None:
+    the default path)."""
+    from tenantnet.lab import cli as lab_cli
+    from tenantnet.plugin import nodepath
 
-    info = lab.status()
-    return info.node_config if info.running else None
+    return nodepath.given(args.node_config) or lab_cli.running_node_config()
 
 
 def _harness(args: argparse.Namespace) -> Any:
     from tenantnet.ops.harness import Harness
     from tenantnet.plugin import nodeconfig as config
 
-    path = _node_config_path(args)
+    path = node_config_path(args)
     node = config.load(path)
     return Harness(path, node.state_dir)
 
@@ -55,45 +54,6 @@ def _print_plugin_output(code: int, out: str) -> int:
         except ValueError:
             print(out)
     return code
-
-
-def cmd_lab(args: argparse.Namespace) -> int:
-    from tenantnet.lab import node as lab
-
-    if args.lab_command == "up" and not (0 <= args.vfs <= 16 and 0 <= args.dpdk_vfs <= args.vfs):
-        print("tenantnetctl lab up: --vfs must be 0-16 and --dpdk-vfs at most --vfs", file=sys.stderr)
-        return 2
-    try:
-        if args.lab_command == "up":
-            info = lab.up(args.dir, args.bridge, vfs=args.vfs, dpdk_vfs=args.dpdk_vfs,
-                          refuse=args.refuse or [], switchdev=args.switchdev)
-            if args.json:
-                print(json.dumps(lab.as_dict(info), indent=2))
-            else:
-                print(f"lab is up in {info.root}: OVS bridge {info.bridge} (userspace datapath)")
-                print(f"ovsdb-server pid {info.ovsdb_server_pid}, ovs-vswitchd pid {info.ovs_vswitchd_pid}")
-                for nic in info.nics:
-                    print(f"simulated SR-IOV NIC ({nic['mode']}): PF {nic['pf']} ({nic['pfAddress']}), "
-                          f"{len(nic['vfs'])} VFs: " + ", ".join(v["address"] for v in nic["vfs"]))
-                print(f"node config: {info.node_config}")
-                print(f"  export TENANTNET_CONFIG={info.node_config}")
-            return 0
-        if args.lab_command == "down":
-            removed = lab.down(args.dir)
-            what = f"removed: {', '.join(removed)}" if removed else "nothing was running"
-            print(f"lab is down; {what}")
-            return 0
-        info = lab.status(args.dir)
-        if args.json:
-            print(json.dumps(lab.as_dict(info), indent=2))
-        else:
-            print(f"lab {info.root}: {'running' if info.running else 'not running'}")
-            if info.running:
-                print(f"  bridge {info.bridge}, OVSDB {info.ovsdb}, node config {info.node_config}")
-        return 0 if info.running else 3
-    except lab.LabError as exc:
-        print(f"tenantnetctl lab {args.lab_command}: {exc}", file=sys.stderr)
-        return 1
 
 
 def cmd_pod_verb(args: argparse.Namespace) -> int:
@@ -141,7 +101,7 @@ def cmd_ls(args: argparse.Namespace) -> int:
     from tenantnet.plugin import nodeconfig as config
     from tenantnet.plugin.records import CorruptRecord, RecordStore
 
-    node = config.load(_node_config_path(args))
+    node = config.load(node_config_path(args))
     rows = []
     store = RecordStore(node.state_dir)
     corrupt = []
@@ -202,7 +162,7 @@ def cmd_pod(args: argparse.Namespace) -> int:
 
         # Where Multus would put them: the node's deviceInfoDir, the only place the plugin
         # writes device-info files (docs/security.md).
-        devinfo_dir = os.path.join(config.load(_node_config_path(args)).device_info_dir, "cni")
+        devinfo_dir = os.path.join(config.load(node_config_path(args)).device_info_dir, "cni")
         delegates = multus.plan_delegates(spec, selections, multus.load_nads(args.nad), devices,
                                           pod.container_id, pod.uid, devinfo_dir)
     except (multus.MultusError, OSError) as exc:
@@ -285,7 +245,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
     from tenantnet.plugin import tenancy, tnconf
 
     try:
-        node = config.load(_node_config_path(args))
+        node = config.load(node_config_path(args))
         policy = tenancy.load(node)
         if args.policy_command == "show":
             return _policy_show(policy, args.json)
@@ -344,8 +304,6 @@ def _policy_show(policy: Any, as_json: bool) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from tenantnet.lab import node as lab
-
     parser = argparse.ArgumentParser(
         prog="tenantnetctl", description=__doc__.split("\n\n")[0],
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -354,28 +312,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="node config file (default: $TENANTNET_CONFIG or /etc/tenantnet/tenantnet.yaml)")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p_lab = sub.add_parser("lab", help="a private Open vSwitch lab on this machine")
-    lab_sub = p_lab.add_subparsers(dest="lab_command", required=True, metavar="up|down|status")
-    for name, text in (("up", "start the lab OVS and write its node config"),
-                       ("down", "remove the lab and everything in it"),
-                       ("status", "is the lab running (exit 3 if not)")):
-        p = lab_sub.add_parser(name, help=text)
-        p.add_argument("--dir", default=lab.DEFAULT_ROOT,
-                       help=f"lab run directory (default {lab.DEFAULT_ROOT})")
-        if name == "up":
-            p.add_argument("--bridge", default=lab.DEFAULT_BRIDGE, help="OVS bridge to create")
-            p.add_argument("--vfs", type=int, default=0, metavar="N",
-                           help="also build a simulated SR-IOV NIC (PF lpf0) with N VFs (0-16)")
-            p.add_argument("--switchdev", action="store_true",
-                           help="the simulated NIC in switchdev mode: VF representors for OVS offload")
-            p.add_argument("--dpdk-vfs", type=int, default=0, metavar="K",
-                           help="bind the last K simulated VFs to vfio-pci (DPDK mode)")
-            p.add_argument("--refuse", action="append", metavar="FIELD",
-                           choices=["mac", "vlan", "spoofchk", "trust", "link_state", "rate"],
-                           help="make the simulated NIC refuse this VF attribute (repeatable)")
-        if name != "down":
-            p.add_argument("--json", action="store_true", help="machine-readable output")
-        p.set_defaults(func=cmd_lab)
+    from tenantnet.lab import cli as lab_cli  # the lab's entry point (docs/architecture.md)
+
+    lab_cli.register(sub)
 
     for name, text in (("attach", "create the pod netns if needed and run ADD"),
                        ("check", "run CHECK with the cached result as prevResult"),
@@ -427,14 +366,14 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.add_argument("--json", action="store_true", help="machine-readable output")
     p_ls.set_defaults(func=cmd_ls)
 
-    from tenantnet.entry import agent as agent_cli
+    from tenantnet.entry import agentctl as agent_cli
     from tenantnet.ops import install
     from tenantnet.ops import ipamctl as ipam_cli
     from tenantnet.ops.flowreport import cli as offload_cli
 
     ipam_cli.register(sub)
     install.register(sub)
-    offload_cli.register(sub)
+    offload_cli.register(sub, node_config_path)
     agent_cli.register(sub)
     return parser
 

@@ -23,12 +23,12 @@ from typing import Any
 from cni import version as cniversion
 from cni.env import CniEnv
 from cni.errors import CniError, Code
-from cni.log import get as get_log
 from cni.netconf import NetConf, parse_netconf, valid_attachments
 from cni.result import DNS, Interface, IPConfig, Result, Route
 from tenantnet.plugin import devinfo, faults, ipam_client, settings, tnconf
 from tenantnet.plugin import nodeconfig as config
 from tenantnet.plugin.drivers import base as drivers
+from tenantnet.plugin.log import get as get_log
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import (
     PHASE_READY,

@@ -8,18 +8,22 @@ OVS or state goes to the wrong place.
 from __future__ import annotations
 
 import os
+import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cni.errors import CniError, Code
-from cni.log import DEFAULT_LOG_FILE, level_number
 from hostfiles.confined import plain_path_problem
 from ipam.config import DEFAULT_CONFINEMENT
+from tenantnet.plugin import nodepath
+from tenantnet.plugin.log import level_number
 
-DEFAULT_PATH = "/etc/tenantnet/tenantnet.yaml"
+DEFAULT_PATH = nodepath.DEFAULT_PATH
 DEFAULT_OVSDB = "unix:/var/run/openvswitch/db.sock"
 DEFAULT_STATE_DIR = "/var/lib/tenantnet"
-DEFAULT_AGENT_SOCKET = "/run/tenantnet/agent.sock"
+DEFAULT_LOG_FILE = "/var/log/tenantnet/tenantnet.log"
+DEFAULT_AGENT_SOCKET = nodepath.DEFAULT_AGENT_SOCKET
 # Where Multus puts device-info files (its CNIDeviceInfoFile paths are below it).
 DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
 # What a NAD may name (docs/security.md): each path must be one of these or below one.
@@ -43,6 +47,8 @@ class NodeConfig:
     # How VFs are configured through their PF: "netlink" (a real NIC) or "lab:<lab dir>"
     # (the lab's simulated NIC, see tenantnet/lab/nic.py).
     vf_control: str = "netlink"
+    # Modules that register the VF control `vf_control` names when it is not netlink.
+    vf_control_modules: tuple[str, ...] = ()
     tenancy: dict[str, Any] | None = None  # inline tenancy policy (tenantnet/plugin/tenancy.py)
     tenancy_file: str | None = None
     # Where `tenantnetctl agent run` listens and the `tenantnet` shim connects (docs/agent.md).
@@ -76,7 +82,10 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "ovsdbTimeout": ("ovsdb_timeout", float, "a number of seconds between 0.1 and 120"),
     "ovsWait": ("ovs_wait", bool, "true or false"),
     "sysfsRoot": ("sysfs_root", str, "an absolute directory path (default /sys)"),
-    "vfControl": ("vf_control", str, "netlink, or lab:/path/of/the/lab (the lab's simulated NIC)"),
+    "vfControl": ("vf_control", str, "netlink, or <scheme>:<argument> served by one of vfControlModules "
+                                     "(the lab: lab:/path/of/the/lab)"),
+    "vfControlModules": ("vf_control_modules", list, "a list of Python module names (dotted) that "
+                                                     "register VF controls"),
     "tenancy": ("tenancy", dict, "a mapping with tenants (see docs/tenancy.md)"),
     "tenancyFile": ("tenancy_file", str, "an absolute path of a YAML file with the tenancy policy"),
     "agentSocket": ("agent_socket", str, "an absolute path of the agent's unix socket"),
@@ -93,6 +102,8 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                        "a list of OVSDB endpoints (unix:/path, tcp:host:port) a NAD's socket_file may name"),
 }
 
+_VF_CONTROL = re.compile(r"[a-z][a-z0-9-]*:\S+")
+_MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
 
 
@@ -128,8 +139,10 @@ def ovsdb_handle(node: NodeConfig, endpoint: str | None = None) -> Any:
     return ovsdb.connect(endpoint or node.ovsdb, node.ovsdb_timeout, node.ovs_wait)
 
 
-def load(path: str | None = None) -> NodeConfig:
-    path = path or os.environ.get("TENANTNET_CONFIG") or DEFAULT_PATH
+def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -> NodeConfig:
+    """The node config at `path`, else at the path `environ` (default: this process's) names
+    (`nodepath.node_config_path`); defaults when there is no file."""
+    path = nodepath.node_config_path(path, environ)
     try:
         with open(path, encoding="utf-8") as fh:
             text = fh.read()
@@ -163,8 +176,12 @@ def load(path: str | None = None) -> NodeConfig:
             value = normalise_ovsdb_endpoint(value)
             if value is None:
                 raise _bad(path, key, data[key], allowed)
-        elif key == "vfControl" and not (value == "netlink" or value.startswith("lab:/")):
+        elif key == "vfControl" and not (value == "netlink" or _VF_CONTROL.fullmatch(value)):
             raise _bad(path, key, value, allowed)
+        elif key == "vfControlModules":
+            if not all(isinstance(v, str) and _MODULE.fullmatch(v) for v in value):
+                raise _bad(path, key, value, allowed)
+            value = tuple(value)
         elif key in _PATH_KEYS and plain_path_problem(value):
             raise _bad(path, key, value, allowed)
         elif key in _PATH_LIST_KEYS:
@@ -189,4 +206,11 @@ def load(path: str | None = None) -> NodeConfig:
         elif key == "ovsdbTimeout" and not 0.1 <= value <= 120:
             raise _bad(path, key, value, allowed)
         values[attr] = value
+    # The shim reads agentSocket without YAML (nodepath): one reading for both, or none.
+    seen, _ = nodepath.agent_socket_of(path)
+    if values.get("agent_socket", DEFAULT_AGENT_SOCKET) != seen:
+        raise CniError(Code.INVALID_CONFIG,
+                       f"invalid node config {path}: agentSocket is {values.get('agent_socket')!r} to a "
+                       f"YAML reader but {seen!r} to the tenantnet shim; write it as one plain top-level "
+                       "line `agentSocket: /path`")
     return replace(NodeConfig(), **values)

@@ -286,7 +286,7 @@ def _executable_of(cmdline: list[str]) -> str | None:
     args = cmdline[:]
     if os.path.basename(args[0]).startswith("python"):
         args = [a for a in args[1:] if not a.startswith("-") or a == "-m"]
-        if args[:2] == ["-m", "tenantnet.entry.agent"]:
+        if args[:2] == ["-m", "tenantnet.entry.agentctl"]:
             return "tenantnet-agent"
         if not args:
             return None

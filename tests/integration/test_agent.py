@@ -29,8 +29,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from tenantnet.entry import agent as agentmod
+from tenantnet.entry import agentctl as agentmod
 from tenantnet.entry import shim
+from tenantnet.plugin import nodepath
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, new_cid
 
 T = TypeVar("T")
@@ -48,7 +49,7 @@ def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: 
 
 @dataclass
 class AgentProcess:
-    """A `python -m tenantnet.entry.agent run` started by a test; stopped by its pid."""
+    """A `python -m tenantnet.entry.agentctl run` started by a test; stopped by its pid."""
 
     proc: subprocess.Popen[bytes]
     socket: str
@@ -83,11 +84,11 @@ def start_agent(node_config: Path, *args: str, wait: bool = True,
                 extra_env: dict[str, str] | None = None) -> AgentProcess:
     """`tenantnetctl agent run` for `node_config`; `extra_env` is added to its environment
     (the fault sweep starts agents with a crash point set)."""
-    socket_path, _ = shim.agent_socket_of(str(node_config))
+    socket_path, _ = nodepath.agent_socket_of(str(node_config))
     log = node_config.parent / f"agent-{uuid.uuid4().hex[:6]}.err"
     env = {**os.environ, **extra_env} if extra_env else None
     with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.entry.agent", "--node-config", str(node_config),
+        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.entry.agentctl", "--node-config", str(node_config),
                                  "run", *args], stdout=subprocess.DEVNULL, stderr=err, env=env)
     handle = AgentProcess(proc, socket_path, node_config, log)
     if wait:
@@ -232,7 +233,7 @@ def test_stalled_agent_makes_the_shim_give_up_with_code_11(lab, run_dir, agents,
 def test_missing_agent_status_50_other_verbs_in_process(lab, run_dir, agents, netns_factory):
     node = agent_node_config(lab, run_dir)
     conf = {"cniVersion": "1.1.0", "name": "gone", "type": "tenantnet", "bridge": lab.bridge}
-    health = [sys.executable, "-m", "tenantnet.entry.agent", "--node-config", str(node), "status"]
+    health = [sys.executable, "-m", "tenantnet.entry.agentctl", "--node-config", str(node), "status"]
     code, out, _ = call(shim_env(node, "STATUS"), conf)
     assert code == 1 and out["code"] == 50 and "agent" in out["msg"]
     assert subprocess.run(health, capture_output=True, check=False).returncode == 3

@@ -116,7 +116,7 @@ def fabric_node(path: Path, f: Fabrics, policy: dict[str, Any]) -> Path:
     """A node config on lab 1's OVSDB, with lab 2's OVSDB allowed and its NIC as the node's."""
     (path.parent / "log").mkdir(parents=True, exist_ok=True)
     return write_node(path, f.lab, stateDir=str(path.parent / "state"), logFile=str(path.parent / "log" / "tn.log"),
-                      sysfsRoot=f.sysfs_root, vfControl=f.vf_control, ovsdbEndpoints=[f.lab2.ovsdb],
+                      sysfsRoot=f.sysfs_root, vfControl=f.vf_control, vfControlModules=["tenantnet.lab.nic"], ovsdbEndpoints=[f.lab2.ovsdb],
                       tenancy=policy)
 
 

@@ -37,6 +37,7 @@ import yaml
 from tenantnet.entry import shim
 from tenantnet.lab import node as labmod
 from tenantnet.lab.nic import LabVfControl
+from tenantnet.plugin import nodepath
 from tenantnet.plugin.drivers.ovs import host_ifname
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, Netns, PluginRunner, new_cid
 from tests.integration.test_agent import AgentProcess, call, shim_env
@@ -1411,10 +1412,10 @@ def agents() -> Iterator[list[AgentProcess]]:
 
 def start_agent(node: Path, *args: str) -> AgentProcess:
     """The agent in a session of its own with bounded memory; stopped by its pid."""
-    socket_path, _ = shim.agent_socket_of(str(node))
+    socket_path, _ = nodepath.agent_socket_of(str(node))
     log = node.parent / f"agent-{tag()[:6]}.err"
     with open(log, "wb") as err:
-        proc = subprocess.Popen(["prlimit", f"--as={AGENT_MEMORY_LIMIT}", sys.executable, "-m", "tenantnet.entry.agent",
+        proc = subprocess.Popen(["prlimit", f"--as={AGENT_MEMORY_LIMIT}", sys.executable, "-m", "tenantnet.entry.agentctl",
                                  "--node-config", str(node), "run", *args],
                                 stdout=subprocess.DEVNULL, stderr=err, start_new_session=True)
     handle = AgentProcess(proc, socket_path, node, log)

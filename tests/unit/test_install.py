@@ -26,6 +26,7 @@ from cni import version as cniversion
 from tenantnet.ops import install
 from tenantnet.ops.install import InstallError, Options
 from tenantnet.plugin import nodeconfig as config
+from tenantnet.plugin import nodepath
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGING = REPO / "packaging"
@@ -581,7 +582,6 @@ def test_configmap_is_a_valid_node_config(tmp_path: Path) -> None:
 
 
 def test_daemonset_runs_the_agent_where_the_shims_look_for_it(tmp_path: Path) -> None:
-    from tenantnet.entry import shim
 
     spec = _daemonset()["spec"]["template"]["spec"]
     agent = next(c for c in spec["containers"] if c["name"] == "agent")
@@ -594,7 +594,7 @@ def test_daemonset_runs_the_agent_where_the_shims_look_for_it(tmp_path: Path) ->
     cm = yaml.safe_load((PACKAGING / "configmap.yaml").read_text())
     path = tmp_path / "tenantnet.yaml"
     path.write_text(cm["data"]["tenantnet.yaml"])
-    sock, declared = shim.agent_socket_of(str(path))
+    sock, declared = nodepath.agent_socket_of(str(path))
     assert declared and config.load(str(path)).agent_socket == sock
     # The socket's directory is one level below a host directory mounted at the same path:
     # the shims on the host find the socket, and the agent creates that directory 0700 itself

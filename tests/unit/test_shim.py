@@ -16,6 +16,7 @@ import pytest
 
 from cni import version as cniversion
 from tenantnet.entry import shim
+from tenantnet.plugin import nodepath
 
 BIN = Path(sys.executable).parent
 
@@ -111,6 +112,7 @@ except SystemExit:
 new = sorted(set(sys.modules) - before)
 outside = [m for m in new if m.split(".")[0] not in sys.stdlib_module_names
            and m not in ("tenantnet", "tenantnet.entry", "tenantnet.entry.plugin", "tenantnet.entry.shim",
+                                          "tenantnet.plugin", "tenantnet.plugin.nodepath",
                                           "tenantnet.entry.ipam")]
 sys.stderr.write("OUTSIDE=" + repr(outside))
 """
@@ -144,22 +146,22 @@ def test_shim_constants_follow_cni_version():
 # ---- finding the agent -----------------------------------------------------------------------
 
 @pytest.mark.parametrize("line,expected", [
-    (None, (shim.DEFAULT_SOCKET, False)),
+    (None, (nodepath.DEFAULT_AGENT_SOCKET, False)),
     ("agentSocket: /run/x/a.sock", ("/run/x/a.sock", True)),
     ("agentSocket: '/run/x/a.sock'  # quoted, with a comment", ("/run/x/a.sock", True)),
     ('agentSocket: "/run/x/a.sock"', ("/run/x/a.sock", True)),
-    ("  agentSocket: /nested/is/not/top-level", (shim.DEFAULT_SOCKET, False)),
+    ("  agentSocket: /nested/is/not/top-level", (nodepath.DEFAULT_AGENT_SOCKET, False)),
 ])
 def test_agent_socket_is_read_from_the_node_config(tmp_path, line, expected):
-    assert shim.agent_socket_of(str(node_config(tmp_path, line))) == expected
+    assert nodepath.agent_socket_of(str(node_config(tmp_path, line))) == expected
 
 
 def test_agent_socket_agrees_with_the_yaml_reading(tmp_path):
     from tenantnet.plugin import nodeconfig as config
 
     path = node_config(tmp_path, "agentSocket: '/run/y/agent.sock' # note")
-    assert config.load(str(path)).agent_socket == shim.agent_socket_of(str(path))[0] == "/run/y/agent.sock"
-    assert config.load(str(node_config(tmp_path, None))).agent_socket == shim.DEFAULT_SOCKET
+    assert config.load(str(path)).agent_socket == nodepath.agent_socket_of(str(path))[0] == "/run/y/agent.sock"
+    assert config.load(str(node_config(tmp_path, None))).agent_socket == nodepath.DEFAULT_AGENT_SOCKET
 
 
 def test_agent_socket_must_be_absolute(tmp_path):

@@ -12,7 +12,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Callable
 from typing import Any
+
+from tenantnet.plugin import nodepath
 
 EPILOG = """examples:
   tenantnetctl offload                         # every attachment on this node, as a table
@@ -22,8 +25,14 @@ EPILOG = """examples:
 """
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `offload` to tenantnetctl's subcommands."""
+def _given(args: argparse.Namespace) -> str | None:
+    return nodepath.given(getattr(args, "node_config", None))
+
+
+def register(subparsers: Any, node_config_path: Callable[[argparse.Namespace], str | None] = _given
+             ) -> argparse.ArgumentParser:
+    """Add `offload` to tenantnetctl's subcommands; `node_config_path` resolves the node config
+    from the parsed options (tenantnetctl passes its own resolver)."""
     p = subparsers.add_parser(
         "offload", help="which datapath flows of each attachment run in hardware (table, JSON, Prometheus)",
         description=__doc__.split("\n\n")[0], epilog=EPILOG,
@@ -41,15 +50,14 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                         "socket, else ovs-appctl's default)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="per ovs-appctl / ovs-vsctl call (default: the node config's ovsdbTimeout)")
-    p.set_defaults(func=cmd_offload)
+    p.set_defaults(func=cmd_offload, node_config_path=node_config_path)
     return p
 
 
 def _node(args: argparse.Namespace) -> Any:
-    from tenantnet.ops.ctl import _node_config_path
-    from tenantnet.plugin import nodeconfig as config
+    from tenantnet.plugin import nodeconfig
 
-    return config.load(_node_config_path(args))
+    return nodeconfig.load(args.node_config_path(args))
 
 
 def cmd_offload(args: argparse.Namespace) -> int:

@@ -96,7 +96,7 @@ class OvsOffloadDriver(SriovDriver):
         if refused:
             raise CniError(Code.OFFLOAD_PRECONDITION, "offload precondition not met: " + "; ".join(refused))
         if misses:
-            from cni.log import get
+            from tenantnet.plugin.log import get
 
             log = get("tenantnet.ops.flowreport")
         for key, why in misses:

@@ -21,7 +21,7 @@ from cni.errors import CniError, Code
 from tenantnet.plugin import faults
 from tenantnet.plugin.drivers.base import Attached, Driver, owner_mark
 from tenantnet.plugin.records import AttachmentRecord, CorruptRecord
-from tenantnet.plugin.system import netlink
+from tenantnet.plugin.system import netlink, vfcontrol
 from tenantnet.plugin.system.netns import netns_exists
 from tenantnet.plugin.system.sysfs import Sysfs, SysfsError, VirtualFunction
 from tenantnet.plugin.system.vfcontrol import VfAttributeRefused, VfControl, VfState
@@ -34,17 +34,6 @@ SAFE_VF_STATE = VfState(mac="00:00:00:00:00:00", vlan=0, qos=0, proto="802.1q", 
 _FIELDS = ("mac", "vlan", "spoofchk", "trust", "link_state", "rate")
 STEP_VF = "vf"
 STEP_NETDEV = "netdev"
-
-
-def vf_control_for(spec: str) -> VfControl:
-    """`netlink` (a real NIC) or `lab:<dir>` (the lab's simulated NIC)."""
-    if spec.startswith("lab:"):
-        from tenantnet.lab.nic import LabVfControl
-
-        return LabVfControl(spec[len("lab:"):])
-    from tenantnet.plugin.system.vfcontrol import NetlinkVfControl
-
-    return NetlinkVfControl()
 
 
 def _differs(field: str, a: VfState, b: VfState) -> bool:
@@ -68,7 +57,7 @@ class SriovDriver(Driver):
     @property
     def control(self) -> VfControl:
         if self._control is None:
-            self._control = vf_control_for(self.node.vf_control)
+            self._control = vfcontrol.control_for(self.node.vf_control, self.node.vf_control_modules)
         return self._control
 
     # ---- choosing the VF ------------------------------------------------------------

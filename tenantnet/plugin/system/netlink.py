@@ -1,7 +1,7 @@
 """Kernel link and address operations through pyroute2 — and the one place where netlink
 errors become named exceptions.
 
-Every call into pyroute2 goes through `_translated`, so callers deal with
+Every call into pyroute2 goes through `translated`, so callers deal with
 `LinkNotFound`, `LinkExists`, `NotSupported` … instead of errno numbers. Deletes treat
 "already gone" as success, so they can be repeated (DEL may come twice).
 """
@@ -63,7 +63,9 @@ _ERRNO_CLASSES: dict[int, type[NetlinkProblem]] = {
 
 
 @contextmanager
-def _translated(what: str) -> Iterator[None]:
+def translated(what: str) -> Iterator[None]:
+    """The one place netlink errors become ours: an errno-named NetlinkProblem subclass
+    whose message says what was being done (`what`)."""
     try:
         yield
     except OSError as exc:  # tenantnet.plugin.system.rtnl's RtnlError, socket errors
@@ -90,7 +92,7 @@ _host_all: list[Any] = []
 _host_lock = threading.Lock()
 
 
-def _host_ipr() -> Any:
+def host_ipr() -> Any:
     """This thread's IPRoute socket in the host namespace (opened on first use)."""
     ipr = getattr(_host, "ipr", None)
     if ipr is None:
@@ -153,13 +155,13 @@ def _host_rtnl() -> Any:
 
 
 def host_link(name: str) -> LinkState | None:
-    with _translated(f"reading link {name}"):
+    with translated(f"reading link {name}"):
         return _state(_host_rtnl(), name)
 
 
 def host_links() -> list[LinkState]:
     """Every link of the host namespace (a dump, for GC)."""
-    with _translated("listing host links"):
+    with translated("listing host links"):
         return [LinkState(name=li.name, index=li.index, mac=li.mac, mtu=li.mtu, up=li.up, kind=li.kind,
                           alias=li.alias) for li in _host_rtnl().links()]
 
@@ -167,7 +169,7 @@ def host_links() -> list[LinkState]:
 def delete_host_link(name: str) -> bool:
     """Delete a host link; False if it was already gone (also when its pair's netns went
     away in between)."""
-    with _translated(f"deleting link {name}"):
+    with translated(f"deleting link {name}"):
         return bool(_host_rtnl().delete_link(name))
 
 
@@ -182,7 +184,7 @@ def create_veth_into_netns(
     1,000 attachments on one VLAN)."""
     fd = open_netns_fd(netns_path)
     try:
-        with _translated(f"creating veth {host_name} with peer {pod_name} in {netns_path}"):
+        with translated(f"creating veth {host_name} with peer {pod_name} in {netns_path}"):
             _host_rtnl().create_veth(host_name, pod_name, fd, mtu=mtu, peer_mac=pod_mac,
                                      ipv6_link_local=False, alias=host_alias)
     finally:
@@ -199,7 +201,7 @@ class AddressPlan:
 
 def configure_pod_interface(netns_path: str, ifname: str, plan: AddressPlan) -> LinkState:
     """Bring the pod interface up, add addresses and routes; return its state."""
-    with open_rtnl(netns_path) as rt, _translated(f"configuring {ifname} in {netns_path}"):
+    with open_rtnl(netns_path) as rt, translated(f"configuring {ifname} in {netns_path}"):
         link = rt.link(ifname)
         if link is None:
             raise LinkNotFound(f"interface {ifname} not found in {netns_path}", errno.ENODEV)
@@ -227,14 +229,14 @@ def _unless_exists(request: Callable[..., None], *args: Any, **kwargs: Any) -> N
 
 def pod_link(netns_path: str, ifname: str) -> LinkState | None:
     """The pod interface as the kernel sees it, with addresses; None if absent."""
-    with open_rtnl(netns_path) as rt, _translated(f"reading {ifname} in {netns_path}"):
+    with open_rtnl(netns_path) as rt, translated(f"reading {ifname} in {netns_path}"):
         return _state(rt, ifname, with_addresses=True)
 
 
 def pod_routes(netns_path: str) -> list[tuple[str, str | None]]:
     def work(ipr: Any) -> list[tuple[str, str | None]]:
         out = []
-        with _translated(f"reading routes in {netns_path}"):
+        with translated(f"reading routes in {netns_path}"):
             for family in (2, 10):
                 for r in ipr.get_routes(family=family, table=254):
                     dst = r.get("RTA_DST")
@@ -249,7 +251,7 @@ def in_netns(netns_path: str, fn: Callable[[Any], T]) -> T:
     """Run `fn(ipr)` in a netns with netlink errors translated (for callers with special needs)."""
 
     def work(ipr: Any) -> T:
-        with _translated(f"netlink in {netns_path}"):
+        with translated(f"netlink in {netns_path}"):
             return fn(ipr)
 
     return run_in_netns(netns_path, work)
@@ -260,7 +262,7 @@ def move_to_netns(name: str, netns_path: str) -> None:
     fd = open_netns_fd(netns_path)
     rt = _host_rtnl()
     try:
-        with _translated(f"moving {name} into {netns_path}"):
+        with translated(f"moving {name} into {netns_path}"):
             link = rt.link(name)
             if link is None:
                 raise LinkNotFound(f"link {name} not found in the host namespace", errno.ENODEV)
@@ -287,7 +289,7 @@ def _set(rt: Any, index: int, *, new_name: str | None = None, mac: str | None = 
 
 def set_pod_link(netns_path: str, name: str, *, new_name: str | None = None, mac: str | None = None,
                  mtu: int | None = None, up: bool | None = None, alias: str | None = None) -> None:
-    with open_rtnl(netns_path) as rt, _translated(f"configuring {name} in {netns_path}"):
+    with open_rtnl(netns_path) as rt, translated(f"configuring {name} in {netns_path}"):
         link = rt.link(name)
         if link is None:
             raise LinkNotFound(f"interface {name} not found in {netns_path}", errno.ENODEV)
@@ -297,7 +299,7 @@ def set_pod_link(netns_path: str, name: str, *, new_name: str | None = None, mac
 def set_host_link(name: str, *, new_name: str | None = None, mac: str | None = None,
                   mtu: int | None = None, up: bool | None = None, alias: str | None = None) -> None:
     rt = _host_rtnl()
-    with _translated(f"configuring host link {name}"):
+    with translated(f"configuring host link {name}"):
         link = rt.link(name)
         if link is None:
             raise LinkNotFound(f"link {name} not found in the host namespace", errno.ENODEV)
@@ -308,7 +310,7 @@ def return_to_host(netns_path: str, name: str, host_name: str) -> bool:
     """Move `name` out of the pod back to the host as `host_name`; False if it is not there."""
     host_pid = os.getpid()  # the main thread stays in the host namespace
     with open_rtnl(netns_path) as rt, \
-            _translated(f"returning {name} from {netns_path} to the host as {host_name}"):
+            translated(f"returning {name} from {netns_path} to the host as {host_name}"):
         link = rt.link(name)
         if link is None:
             return False

@@ -18,7 +18,7 @@ knows it, and the kernel fills in ETH_P_8021Q) and IFLA_VF_VLAN_LIST only when t
 "rtnetlink: Correct nested IFLA_VF_VLAN_LIST attribute validation" (in 6.9 and the stable
 branches) refuse anything shorter with EINVAL; our message class adds the two padding bytes.
 
-Netlink errors go through `tenantnet.plugin.system.netlink._translated`, the one place that names
+Netlink errors go through `tenantnet.plugin.system.netlink.translated`, the one place that names
 them; EOPNOTSUPP / EINVAL / ERANGE / EPROTONOSUPPORT on a set become `VfAttributeRefused` for
 that attribute. pyroute2 is imported inside functions only (its import costs ~150 ms).
 """
@@ -30,12 +30,12 @@ import functools
 import os
 import re
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from dataclasses import fields as dataclass_fields
 from typing import Any
 
-from tenantnet.plugin.system.netlink import LinkNotFound, _host_ipr, _translated
+from tenantnet.plugin.system.netlink import LinkNotFound, host_ipr, translated
 
 LINK_STATES = {"auto": 0, "enable": 1, "disable": 2}  # IFLA_VF_LINK_STATE_AUTO/_ENABLE/_DISABLE
 VLAN_PROTOS = {"802.1q": 0x8100, "802.1ad": 0x88A8}  # ETH_P_8021Q, ETH_P_8021AD
@@ -374,7 +374,7 @@ class NetlinkVfControl(VfControl):
         self._given_ipr = ipr
 
     def _ipr(self) -> Any:
-        return self._given_ipr if self._given_ipr is not None else _host_ipr()
+        return self._given_ipr if self._given_ipr is not None else host_ipr()
 
     @staticmethod
     def _pf_index(ipr: Any, pf_netdev: str) -> int:
@@ -385,7 +385,7 @@ class NetlinkVfControl(VfControl):
 
     def read(self, pf_netdev: str, vf_index: int) -> VfState:
         ipr = self._ipr()
-        with _translated(f"reading VF {vf_index} of PF {pf_netdev}"):
+        with translated(f"reading VF {vf_index} of PF {pf_netdev}"):
             index = self._pf_index(ipr, pf_netdev)
             msgs = ipr.link("get", index=index, ext_mask=RTEXT_FILTER_VF)
             vfs = parse_vfinfo(msgs[0]) if msgs else {}
@@ -419,14 +419,14 @@ class NetlinkVfControl(VfControl):
         from pyroute2.netlink.rtnl import RTM_NEWLINK
 
         ipr = self._ipr()
-        with _translated(f"setting {field} of VF {vf_index} on PF {pf_netdev}"):
+        with translated(f"setting {field} of VF {vf_index} on PF {pf_netdev}"):
             msg = _request_message(self._pf_index(ipr, pf_netdev), vf_index, field, state)
             try:
                 # tuple(): the ACK (or the error) arrives only while the response is consumed.
                 tuple(ipr.nlm_request(msg, msg_type=RTM_NEWLINK, msg_flags=NLM_F_REQUEST | NLM_F_ACK))
             except NetlinkError as exc:
                 if exc.code not in _REFUSALS:
-                    raise  # ENODEV (PF gone) and the rest: named by _translated
+                    raise  # ENODEV (PF gone) and the rest: named by translated
                 reason = exc.args[1] if len(exc.args) > 1 and exc.args[1] else os.strerror(exc.code)
                 attribute, value = _refused_attribute(field, state, exc.code)
                 raise VfAttributeRefused(attribute, pf_netdev, vf_index, value, str(reason), exc.code,
@@ -449,3 +449,37 @@ def _refused_attribute(field: str, state: VfState, err: int) -> tuple[str, str]:
     if isinstance(value, bool):
         return field, "on" if value else "off"
     return field, str(value)
+
+
+# ---- which VF control a node uses ---------------------------------------------------------
+# The node config's `vfControl` is `netlink` (a real NIC) or `<scheme>:<argument>`, served by
+# a VF control registered under that scheme. Providers outside the plugin wing — the lab's
+# simulated NIC — register themselves when imported; the node config's `vfControlModules`
+# names the modules to import. So the plugin never imports the lab, and the lab's NIC is
+# used only where the admin's node config says so.
+_PROVIDERS: dict[str, Callable[[str], VfControl]] = {}
+
+
+def register(scheme: str, factory: Callable[[str], VfControl]) -> None:
+    """Serve `vfControl: <scheme>:<argument>` with `factory(argument)`."""
+    _PROVIDERS[scheme] = factory
+
+
+def control_for(spec: str, modules: Iterable[str] = ()) -> VfControl:
+    """The VF control the node config's `vfControl` names; `modules` (its `vfControlModules`)
+    are imported first when no provider of the scheme is registered yet."""
+    if spec == "netlink":
+        return NetlinkVfControl()
+    scheme, _, argument = spec.partition(":")
+    if scheme not in _PROVIDERS:
+        import importlib
+
+        for module in modules:
+            importlib.import_module(module)
+    factory = _PROVIDERS.get(scheme)
+    if factory is None:
+        from cni.errors import CniError, Code
+
+        raise CniError(Code.INVALID_CONFIG, f"invalid node config: vfControl {spec!r}: no VF control "
+                                            f"provides {scheme!r} (vfControlModules: {list(modules)})")
+    return factory(argument)

@@ -1,7 +1,9 @@
 """Logging for the executables: JSON lines (structlog) to a file, warnings also to stderr.
 
-stdout belongs to the CNI result, so nothing here ever writes to it. structlog costs tens
-of milliseconds to import, so it is imported only when logging is first set up.
+The entry layer owns where lines go; the plugin wing only asks for a logger
+(`tenantnet.plugin.log.get`). stdout belongs to the CNI result, so nothing here ever
+writes to it. structlog costs tens of milliseconds to import, so it is imported only when
+logging is first set up.
 """
 
 from __future__ import annotations
@@ -11,24 +13,15 @@ import os
 import sys
 from typing import Any
 
-DEFAULT_LOG_FILE = "/var/log/tenantnet/tenantnet.log"
-_LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
-_configured = False
-
-
-def level_number(name: str) -> int:
-    return _LEVELS[name.lower()]
-
-
-_default_target: tuple[str, str] | None = None
+from tenantnet.plugin import log
+from tenantnet.plugin.nodeconfig import DEFAULT_LOG_FILE
 
 
 def set_default_target(log_file: str, level: str = "info") -> None:
-    """Where `get` sends lines if nothing called `setup` yet: the entry point names the node
-    config's log before anything can fail, so that even an early error (undecodable stdin)
-    is logged where the admin looks, not in the built-in default path."""
-    global _default_target
-    _default_target = (log_file, level)
+    """Where lines go if nothing called `setup` before something logs: the entry point names
+    the node config's log before anything can fail, so that even an early error
+    (undecodable stdin) is logged where the admin looks, not in the built-in default path."""
+    log.configure_on_first_use(lambda: setup(log_file, level))
 
 
 def _one_line(_logger: Any, _name: str, event: dict[str, Any]) -> str:
@@ -49,10 +42,9 @@ def open_log_stream(log_file: str) -> Any:
 
 def setup(log_file: str = DEFAULT_LOG_FILE, level: str = "info", *, stderr: bool = True) -> None:
     """Route structlog and the stdlib `logging` (ovsdbapp's) to `log_file` as JSON lines."""
-    global _configured
     import structlog
 
-    threshold = level_number(level)
+    threshold = log.level_number(level)
     handlers: list[logging.Handler] = []
     try:
         handlers.append(logging.StreamHandler(open_log_stream(log_file)))
@@ -92,7 +84,7 @@ def setup(log_file: str = DEFAULT_LOG_FILE, level: str = "info", *, stderr: bool
         wrapper_class=structlog.make_filtering_bound_logger(threshold),
         cache_logger_on_first_use=True,
     )
-    _configured = True
+    log.configured()
 
 
 def stderr_formatter() -> logging.Formatter:
@@ -105,10 +97,7 @@ def stderr_formatter() -> logging.Formatter:
     )
 
 
-def get(name: str = "tenantnet") -> Any:
-    import structlog
-
-    if not _configured:
-        file, level = _default_target or (os.environ.get("TENANTNET_LOG_FILE", DEFAULT_LOG_FILE), "info")
-        setup(file, level)
-    return structlog.get_logger(name)
+def default_target_from_env() -> None:
+    """An executable that has no node config to read (tenantnet-ipam without one) logs to
+    $TENANTNET_LOG_FILE, else the built-in default."""
+    set_default_target(os.environ.get("TENANTNET_LOG_FILE", DEFAULT_LOG_FILE))

@@ -1,0 +1,86 @@
+"""`tenantnetctl lab up|down|status`: the lab's entry point — a simulation, labelled as one.
+
+The lab is a private Open vSwitch (userspace datapath) and, on request, a simulated SR-IOV
+NIC, on this machine, with a node config that points tenantnet at them
+(`tenantnet/lab/node.py`). tenantnetctl hands its `lab` subcommand to this module; nothing
+else outside the lab imports the lab (an import-linter contract, pyproject.toml).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from tenantnet.lab import node as lab
+
+
+def running_node_config() -> str | None:
+    """The default lab's node config while that lab is up (tenantnetctl's last default)."""
+    info = lab.status()
+    return info.node_config if info.running else None
+
+
+def register(subparsers: Any) -> argparse.ArgumentParser:
+    """Add `lab up|down|status` to tenantnetctl's subcommands."""
+    p_lab = subparsers.add_parser("lab", help="a private Open vSwitch lab on this machine")
+    lab_sub = p_lab.add_subparsers(dest="lab_command", required=True, metavar="up|down|status")
+    for name, text in (("up", "start the lab OVS and write its node config"),
+                       ("down", "remove the lab and everything in it"),
+                       ("status", "is the lab running (exit 3 if not)")):
+        p = lab_sub.add_parser(name, help=text)
+        p.add_argument("--dir", default=lab.DEFAULT_ROOT,
+                       help=f"lab run directory (default {lab.DEFAULT_ROOT})")
+        if name == "up":
+            p.add_argument("--bridge", default=lab.DEFAULT_BRIDGE, help="OVS bridge to create")
+            p.add_argument("--vfs", type=int, default=0, metavar="N",
+                           help="also build a simulated SR-IOV NIC (PF lpf0) with N VFs (0-16)")
+            p.add_argument("--switchdev", action="store_true",
+                           help="the simulated NIC in switchdev mode: VF representors for OVS offload")
+            p.add_argument("--dpdk-vfs", type=int, default=0, metavar="K",
+                           help="bind the last K simulated VFs to vfio-pci (DPDK mode)")
+            p.add_argument("--refuse", action="append", metavar="FIELD",
+                           choices=["mac", "vlan", "spoofchk", "trust", "link_state", "rate"],
+                           help="make the simulated NIC refuse this VF attribute (repeatable)")
+        if name != "down":
+            p.add_argument("--json", action="store_true", help="machine-readable output")
+        p.set_defaults(func=cmd_lab)
+    return p_lab
+
+
+def cmd_lab(args: argparse.Namespace) -> int:
+    if args.lab_command == "up" and not (0 <= args.vfs <= 16 and 0 <= args.dpdk_vfs <= args.vfs):
+        print("tenantnetctl lab up: --vfs must be 0-16 and --dpdk-vfs at most --vfs", file=sys.stderr)
+        return 2
+    try:
+        if args.lab_command == "up":
+            info = lab.up(args.dir, args.bridge, vfs=args.vfs, dpdk_vfs=args.dpdk_vfs,
+                          refuse=args.refuse or [], switchdev=args.switchdev)
+            if args.json:
+                print(json.dumps(lab.as_dict(info), indent=2))
+            else:
+                print(f"lab is up in {info.root}: OVS bridge {info.bridge} (userspace datapath)")
+                print(f"ovsdb-server pid {info.ovsdb_server_pid}, ovs-vswitchd pid {info.ovs_vswitchd_pid}")
+                for nic in info.nics:
+                    print(f"simulated SR-IOV NIC ({nic['mode']}): PF {nic['pf']} ({nic['pfAddress']}), "
+                          f"{len(nic['vfs'])} VFs: " + ", ".join(v["address"] for v in nic["vfs"]))
+                print(f"node config: {info.node_config}")
+                print(f"  export TENANTNET_CONFIG={info.node_config}")
+            return 0
+        if args.lab_command == "down":
+            removed = lab.down(args.dir)
+            what = f"removed: {', '.join(removed)}" if removed else "nothing was running"
+            print(f"lab is down; {what}")
+            return 0
+        info = lab.status(args.dir)
+        if args.json:
+            print(json.dumps(lab.as_dict(info), indent=2))
+        else:
+            print(f"lab {info.root}: {'running' if info.running else 'not running'}")
+            if info.running:
+                print(f"  bridge {info.bridge}, OVSDB {info.ovsdb}, node config {info.node_config}")
+        return 0 if info.running else 3
+    except lab.LabError as exc:
+        print(f"tenantnetctl lab {args.lab_command}: {exc}", file=sys.stderr)
+        return 1

@@ -1,0 +1,58 @@
+"""The lab's private Open vSwitch: where its files are, and running its tools.
+
+A simulation aid, labelled as one: used by the lab node (`tenantnet/lab/node.py`) and its
+simulated NIC (`tenantnet/lab/nic.py`), never by the plugin.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+
+class LabError(Exception):
+    pass
+
+
+
+def paths(root: str) -> dict[str, str]:
+    return {
+        "db": os.path.join(root, "conf.db"),
+        "sock": os.path.join(root, "db.sock"),
+        "node_config": os.path.join(root, "tenantnet.yaml"),
+        "state": os.path.join(root, "state"),
+        "log": os.path.join(root, "log", "tenantnet.log"),
+        "meta": os.path.join(root, "lab.json"),
+        "pods": os.path.join(root, "state", "harness", "pods"),
+    }
+
+
+def daemon_pid(root: str, daemon: str) -> int | None:
+    try:
+        with open(os.path.join(root, f"{daemon}.pid")) as fh:
+            pid = int(fh.read().strip())
+    except (OSError, ValueError):
+        return None
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return None
+    return pid
+
+
+def run(cmd: list[str], root: str, what: str) -> str:
+    env = dict(os.environ, OVS_RUNDIR=root, OVS_DBDIR=root, OVS_LOGDIR=root)
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=30, check=False)
+    except FileNotFoundError:
+        raise LabError(f"{what}: {cmd[0]} is not installed (apt-get install openvswitch-switch)") from None
+    except subprocess.TimeoutExpired:
+        raise LabError(f"{what}: {cmd[0]} did not finish within 30 s") from None
+    if proc.returncode != 0:
+        raise LabError(f"{what} failed: {proc.stderr.strip() or proc.stdout.strip()}")
+    return proc.stdout
+
+
+def vsctl(root: str, *args: str) -> str:
+    return run(["ovs-vsctl", f"--db=unix:{paths(root)['sock']}", "--timeout=10", *args],
+                root, "ovs-vsctl " + " ".join(args))
