@@ -28,8 +28,12 @@ venv: $(STAMP)
 demo: deps venv
 	@bash scripts/demo.sh
 
+# ruff; the layer rules (import-linter contracts in pyproject.toml); strict typing of the
+# protocol, the address store and the plugin wing.
 lint: venv
 	$(VENV)/bin/ruff check cni hostfiles ipam tenantnet tests bench packaging
+	$(VENV)/bin/lint-imports --no-cache
+	$(VENV)/bin/mypy cni hostfiles ipam tenantnet/plugin
 
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit

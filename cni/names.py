@@ -8,6 +8,7 @@ separators, no `..`, no control characters, bounded length.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from cni.errors import CniError, Code
 
@@ -56,7 +57,7 @@ def check_env_name(var: str, value: str, problem: str | None) -> str:
     return value
 
 
-def check_config_name(field: str, value: object, problem_of) -> str:  # type: ignore[no-untyped-def]
+def check_config_name(field: str, value: object, problem_of: Callable[[str], str | None]) -> str:
     if not isinstance(value, str):
         raise CniError(
             Code.INVALID_CONFIG, f"invalid network config: {field}={value!r}: must be a string"

@@ -44,9 +44,10 @@ def run(
     except Exception as exc:  # noqa: BLE001 - the one place a bug is turned into code 100
         if on_unexpected is not None:
             on_unexpected(exc)
-        err = CniError(Code.INTERNAL, f"internal error: {type(exc).__name__}: {exc}",
-                       "see the tenantnet log file for the traceback")
-        return 1, json.dumps(err.to_dict(config_version(raw)))
+        # Not `err`: that name is the CniError handler's, unbound again when its block ends.
+        internal = CniError(Code.INTERNAL, f"internal error: {type(exc).__name__}: {exc}",
+                            "see the tenantnet log file for the traceback")
+        return 1, json.dumps(internal.to_dict(config_version(raw)))
 
 
 def _peek(stdin: bytes) -> dict[str, Any]:

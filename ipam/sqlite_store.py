@@ -24,9 +24,9 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from cni.errors import CniError, Code
 from cni.result import IPAddress
@@ -303,7 +303,10 @@ class SqliteTransaction:
         return {(n, i): ipaddress.ip_address(a) for n, i, a in rows}
 
 
-def _retry_locked(step: Any) -> Any:
+_T = TypeVar("_T")
+
+
+def _retry_locked(step: Callable[[], _T]) -> _T:
     """Run a setup step that SQLite may refuse with 'locked' while another process does it."""
     deadline = time.monotonic() + BUSY_TIMEOUT_S
     delay = 0.002

@@ -182,13 +182,12 @@ class Agent:
         from ipam import plugin as ipam_plugin  # noqa: F401
         from tenantnet.entry import ipam as ipam_main  # noqa: F401
         from tenantnet.entry import plugin as tn_main  # noqa: F401
-        from tenantnet.plugin import nodeconfig as config
         from tenantnet.plugin.core import Plugin  # noqa: F401
-        from tenantnet.plugin.drivers import ovs  # noqa: F401
+        from tenantnet.plugin.drivers import ovs, ovsport  # noqa: F401
 
         try:
             node = self._node(self.node_config)
-            config.ovsdb_handle(node).api  # noqa: B018 - connects
+            ovsport.ovsdb_for(node).api  # noqa: B018 - connects
         except Exception as exc:  # not fatal: the first request retries and reports it
             self.log.warning("agent.ovsdb_unavailable", error=str(exc))
 

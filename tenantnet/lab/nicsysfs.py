@@ -34,7 +34,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tenantnet.plugin.system.sysfs import normalise_pci_address
+from tenantnet.plugin.pci import normalise_pci_address
 
 # Drivers that present no netdev and no RDMA device: the VF belongs to a userspace process.
 _DPDK_DRIVER = "vfio-pci"

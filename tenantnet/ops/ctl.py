@@ -98,24 +98,33 @@ def cmd_network_verb(args: argparse.Namespace) -> int:
 
 
 def cmd_ls(args: argparse.Namespace) -> int:
+    from tenantnet.plugin import modes
     from tenantnet.plugin import nodeconfig as config
+    from tenantnet.plugin.drivers.ovs import OvsPlan
+    from tenantnet.plugin.drivers.ovsport import PortPlan
+    from tenantnet.plugin.drivers.vf import VfPlan
     from tenantnet.plugin.records import CorruptRecord, RecordStore
 
     node = config.load(node_config_path(args))
     rows = []
-    store = RecordStore(node.state_dir)
+    store = RecordStore(node.state_dir, modes.plan_type)
     corrupt = []
     for rec in store.list(args.network):
         if isinstance(rec, CorruptRecord):
             corrupt.append({"path": rec.path, "problem": str(rec), "quarantined": False})
             continue
         ips = [ip["address"] for ip in (rec.result or {}).get("ips", [])]
+        plan = rec.plan
+        # The veth's host end for ovs, else the VF's PCI address; the port's bridge and VLAN.
+        shown = plan.host_ifname if isinstance(plan, OvsPlan) else \
+            plan.device_id if isinstance(plan, VfPlan) else ""
+        port = plan if isinstance(plan, PortPlan) else None
         rows.append({
             "network": rec.network,
             "pod": "/".join(p for p in (rec.pod.namespace, rec.pod.name) if p) or "-",
             "containerID": rec.container_id, "ifname": rec.ifname, "mode": rec.mode,
-            "phase": rec.phase, "hostIfname": rec.plan.get("hostIfname") or rec.plan.get("deviceID", ""),
-            "bridge": rec.plan.get("bridge", ""), "vlan": rec.plan.get("vlan"), "ips": ips,
+            "phase": rec.phase, "hostIfname": shown, "bridge": (port.bridge if port else None) or "",
+            "vlan": port.vlan if port else None, "ips": ips,
         })
     # Unreadable records moved aside by DEL/GC (tenantnet.plugin.records): listed so nobody misses them.
     corrupt += [{"path": p, "problem": "unreadable record (quarantined)", "quarantined": True}

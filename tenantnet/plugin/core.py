@@ -25,8 +25,7 @@ from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.netconf import NetConf, parse_netconf, valid_attachments
 from cni.result import DNS, Interface, IPConfig, Result, Route
-from tenantnet.plugin import devinfo, faults, ipam_client, settings, tnconf
-from tenantnet.plugin import nodeconfig as config
+from tenantnet.plugin import devinfo, faults, ipam_client, modes, tnconf
 from tenantnet.plugin.drivers import base as drivers
 from tenantnet.plugin.log import get as get_log
 from tenantnet.plugin.nodeconfig import NodeConfig
@@ -34,6 +33,7 @@ from tenantnet.plugin.records import (
     PHASE_READY,
     AttachmentRecord,
     CorruptRecord,
+    Plan,
     PodRef,
     RecordStore,
 )
@@ -68,13 +68,13 @@ def system_error(exc: BaseException, doing: str) -> CniError:
 class Plugin:
     def __init__(self, node: NodeConfig) -> None:
         self.node = node
-        self.records = RecordStore(node.state_dir)
+        self.records = RecordStore(node.state_dir, modes.plan_type)
         self.log = get_log("tenantnet.plugin.core")
 
     # ---- ADD --------------------------------------------------------------------------
     def add(self, env: CniEnv, conf: NetConf) -> dict[str, Any]:
-        tconf = settings.settle(conf, env, self.node, self.log)
-        driver = drivers.for_mode(tconf.mode, self.node)
+        tconf = tnconf.settle(conf, env, self.node, self.log)
+        driver = modes.for_mode(tconf.mode, self.node)
         _require_pod_netns(env)
         with self._locked(env):
             return self._add(env, conf, tconf, driver)
@@ -102,7 +102,7 @@ class Plugin:
                 return Result.from_dict(existing.result).to_dict(conf.cni_version)
             # A half-made or stale attachment under the same key: undo it first.
             try:
-                self._teardown(existing, env, drivers.for_mode(existing.mode, self.node))
+                self._teardown(existing, env, modes.for_mode(existing.mode, self.node))
             except BaseException as exc:
                 raise system_error(exc, f"undoing the earlier attempt of ADD {env.container_id}/"
                                         f"{env.ifname} on network {conf.name}") from None
@@ -123,9 +123,8 @@ class Plugin:
                 plan=plan,
                 conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
             )
-            record.plan["cniArgs"] = ipam_client.call_for(env).cni_args
-            if tconf.device_info_file:
-                record.plan["deviceInfoFile"] = tconf.device_info_file  # DEL removes it
+            plan.cni_args = ipam_client.call_for(env).cni_args
+            plan.device_info_file = tconf.device_info_file  # DEL removes it
             try:
                 self.records.save(record)  # intent first: from here on a crash is recoverable
             except OSError as exc:
@@ -211,7 +210,7 @@ class Plugin:
                               ifname=env.ifname)
                 self.records.remove(conf.name, env.container_id, env.ifname)  # a crashed save's temp file
                 return
-        driver = drivers.for_mode(record.mode, self.node)
+        driver = modes.for_mode(record.mode, self.node)
         try:
             self._teardown(record, env, driver)
         except BaseException as exc:
@@ -222,7 +221,7 @@ class Plugin:
         """No record (lost, or never written): rebuild what we would have made from the request."""
         try:
             tconf = tnconf.parse(conf, env, self.node)
-            driver = drivers.for_mode(tconf.mode, self.node)
+            driver = modes.for_mode(tconf.mode, self.node)
         except CniError as err:
             # A config we cannot parse cannot have produced an attachment of ours.
             self.log.warning("del.unparsable_config", network=conf.name, error=err.msg)
@@ -235,7 +234,7 @@ class Plugin:
         if plan is None:
             # Nothing on the node provably belongs to this (container id, ifname): never
             # touch another pod's objects. Its addresses, if any, are released by owner.
-            plan = {"nothingOwned": True}
+            plan = Plan(nothing_owned=True)
         return AttachmentRecord(
             network=conf.name, container_id=env.container_id, ifname=env.ifname,
             mode=tconf.mode, netns=env.netns, plan=plan,
@@ -255,7 +254,7 @@ class Plugin:
         if ipam_done and isinstance(ipam_conf, dict) and ipam_conf.get("type"):
             call = ipam_client.IpamCall(
                 command="DEL", container_id=record.container_id, ifname=record.ifname,
-                netns="", cni_args=record.plan.get("cniArgs", ""),
+                netns="", cni_args=record.plan.cni_args,
                 cni_path=env.path if env is not None else cni_path,
             )
             try:
@@ -278,11 +277,11 @@ class Plugin:
                     self.log.warning("del.ipam_refused_config", network=record.network,
                                      container_id=record.container_id, ifname=record.ifname,
                                      code=err.code, error=err.msg)
-        if not record.plan.get("nothingOwned"):
+        if not record.plan.nothing_owned:
             driver.detach(record)
             faults.step("del.detached")
-        devinfo_file = record.plan.get("deviceInfoFile")
-        if isinstance(devinfo_file, str) and (record.progress is None or STEP_DEVINFO in record.progress):
+        devinfo_file = record.plan.device_info_file
+        if devinfo_file and (record.progress is None or STEP_DEVINFO in record.progress):
             devinfo.remove(devinfo_file, self.node.device_info_dir)
             faults.step("del.devinfo-removed")
         if ipam_failure is not None:
@@ -301,7 +300,7 @@ class Plugin:
             raise CniError(Code.INVALID_CONFIG, "invalid network config: CHECK needs prevResult")
         # The same decision as ADD: resolves "vlan": "tenant", and fails an attachment the
         # current policy would no longer allow.
-        tconf = settings.settle(conf, env, self.node, self.log)
+        tconf = tnconf.settle(conf, env, self.node, self.log)
         _require_pod_netns(env)
         with self._locked(env):
             self._check(env, conf, tconf)
@@ -312,18 +311,11 @@ class Plugin:
             raise CniError(Code.UNKNOWN_CONTAINER,
                            f"no attachment recorded for container {env.container_id} ifname "
                            f"{env.ifname} on network {conf.name}")
-        driver = drivers.for_mode(record.mode, self.node)
+        driver = modes.for_mode(record.mode, self.node)
         try:
             drift = driver.check(record, tconf)
-            if not record.plan.get("dpdk"):  # a DPDK VF has no netdev in the pod to look at
+            if driver.pod_netdev(record):
                 drift += self._check_pod(env, conf.prev_result, tconf)
-            if tconf.offload_check:
-                from tenantnet.ops.flowreport.report import attachment_offload
-
-                summary = attachment_offload(record, self.node)
-                if summary.require_failed():
-                    drift.append("offloadCheck require: the attachment carries traffic and none of its "
-                                 f"active flows is in hardware ({summary.message()})")
             if tconf.ipam_type:
                 ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "CHECK"), conf.raw, self.node)
         except CniError:
@@ -377,16 +369,8 @@ class Plugin:
             if (item.container_id, item.ifname) not in keep:
                 doomed.append(item)
         try:
-            mode = tnconf.infer_mode(conf.raw)
-            driver = drivers.for_mode(mode, self.node)
-            hint: dict[str, Any] = {}  # sriov has nothing outside its records
-            if mode == "ovs":
-                hint = driver.plan(tnconf.parse(conf, _gc_env(env), self.node), _gc_env(env), None)
-            elif mode == "ovs-offload":
-                # Only where its ports are: a NAD without deviceID (the device plugin gives one
-                # per pod) would not parse as a whole here.
-                hint = {"ovsdb": settings.ovsdb_endpoint(conf.raw, self.node)}
-            orphans = driver.orphans(conf.name, keep, recorded, hint)
+            driver = modes.for_mode(tnconf.infer_mode(conf.raw), self.node)
+            orphans = driver.orphans(conf, env, keep, recorded)
             # An unrecorded attachment's addresses are released with the network's own
             # IPAM config, which the GC call carries.
             ipam_conf = {k: v for k, v in conf.raw.items() if not k.startswith("cni.dev/")}
@@ -400,17 +384,13 @@ class Plugin:
         faults.step("gc.listed")
         for record in doomed:
             try:
-                self._teardown(record, None, drivers.for_mode(record.mode, self.node),
+                self._teardown(record, None, modes.for_mode(record.mode, self.node),
                                cni_path=env.path)
                 self.log.info("gc.released", network=conf.name, container_id=record.container_id,
                               ifname=record.ifname)
             except BaseException as exc:
                 problems.append(system_error(exc, f"GC of {record.container_id}/{record.ifname}"))
-        if cniversion.at_least(conf.cni_version, "1.1.0") and isinstance(conf.ipam, dict) \
-                and conf.ipam.get("type") == ipam_client.OWN_IPAM:
-            from ipam import plugin as own_ipam
-
-            own_ipam.gc(conf, keep, ipam_client.confinement(self.node))
+        ipam_client.gc_own(conf, keep, self.node)
         if problems:
             raise CniError(problems[0].code, f"GC of network {conf.name} incomplete: "
                            + "; ".join(p.msg for p in problems))
@@ -421,15 +401,11 @@ class Plugin:
             mode = tnconf.infer_mode(raw)
         except CniError:
             mode = "ovs"  # a config we cannot read: report on the node's own OVSDB
-        if mode != "sriov":  # SR-IOV attachments never talk to OVSDB
-            try:
-                endpoint = settings.ovsdb_endpoint(raw, self.node)
-            except CniError as err:
-                raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {err.msg}") from None
-            try:
-                ovsdb.probe(endpoint, timeout=min(self.node.ovsdb_timeout, 2.0))
-            except ovsdb.OvsdbUnavailable as exc:
-                raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {exc}") from None
+        try:
+            driver = modes.for_mode(mode, self.node)
+        except CniError as err:
+            raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {err.msg}") from None
+        driver.status(raw)  # what the mode needs: OVSDB, offload preconditions (none for sriov)
         try:
             os.makedirs(self.records.root, mode=0o700, exist_ok=True)
             if not os.access(self.records.root, os.W_OK):
@@ -438,34 +414,6 @@ class Plugin:
             raise CniError(Code.NOT_AVAILABLE,
                            f"tenantnet is not available: state directory {self.records.root} "
                            f"is not writable: {exc}") from None
-        if raw.get("mode") == "ovs-offload":
-            self._status_offload(raw)
-
-    def _status_offload(self, raw: dict[str, Any]) -> None:
-        """Offload preconditions of the network's PF: 'refuse' ones make STATUS code 50."""
-        from tenantnet.plugin.drivers.ovs_offload import OvsOffloadDriver
-        from tenantnet.plugin.system.sysfs import SysfsError, find_representor
-
-        try:
-            env = _gc_env(CniEnv(command="STATUS", netns="/"))
-            tconf = tnconf.parse(parse_netconf(raw), env, self.node)
-            driver = OvsOffloadDriver(self.node)
-            assert tconf.vf is not None and tconf.ovs is not None
-            if tconf.vf.device_id:
-                vf = driver.sysfs.vf(tconf.vf.device_id)
-            else:
-                vf = driver.sysfs.vfs_of_pf(driver.sysfs.pf_address(tconf.vf.pfs[0]))[0]
-            misses = driver.preconditions(vf, find_representor(driver.sysfs, vf),
-                                          config.ovsdb_handle(self.node, tconf.ovs.ovsdb))
-        except (CniError, SysfsError, IndexError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
-            raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: cannot check offload "
-                                               f"preconditions: {getattr(exc, 'msg', exc)}") from None
-        refused = [why for key, why in misses if self.node.offload_preconditions.get(key) == "refuse"]
-        for key, why in misses:
-            self.log.warning("status.offload_precondition", precondition=key, problem=why)
-        if refused:
-            raise CniError(Code.NOT_AVAILABLE, "tenantnet is not available: offload precondition not "
-                                               "met: " + "; ".join(refused))
 
     # ---- helpers ----------------------------------------------------------------------
     def _quarantine(self, problem: CorruptRecord) -> None:
@@ -497,11 +445,6 @@ def _require_pod_netns(env: CniEnv) -> None:
     problem = pod_netns_problem(env.netns)
     if problem:
         raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: {problem}")
-
-
-def _gc_env(env: CniEnv) -> CniEnv:
-    # GC names no container; the plan it computes only serves as a hint (endpoint, bridge).
-    return replace(env, container_id="gc", ifname="gc")
 
 
 def _address_plan(result: Result) -> netlink.AddressPlan:

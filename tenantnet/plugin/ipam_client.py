@@ -10,9 +10,10 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any
 
+from cni import version as cniversion
 from cni.env import CniEnv
 from cni.errors import CniError, Code
-from cni.netconf import parse_netconf
+from cni.netconf import NetConf, parse_netconf
 from cni.result import Result
 from tenantnet.plugin import faults
 from tenantnet.plugin.settings import DELEGATION_ENV
@@ -175,6 +176,18 @@ def _in_process(call: IpamCall, conf_raw: dict[str, Any], node: Any) -> Result |
     elif call.command == "CHECK":
         plugin.check(env, conf, limits)
     return None
+
+
+def gc_own(conf: NetConf, keep: set[tuple[str, str]], node: Any) -> None:
+    """GC of tenantnet-ipam's store for network `conf` (CNI 1.1.0): every allocation not
+    owned by one of `keep`'s (container id, ifname) is released. Other IPAM plugins get
+    no GC from us (the runtime calls them itself)."""
+    if not cniversion.at_least(conf.cni_version, "1.1.0") or not isinstance(conf.ipam, dict) \
+            or conf.ipam.get("type") != OWN_IPAM:
+        return
+    from ipam import plugin
+
+    plugin.gc(conf, keep, confinement(node))
 
 
 def run(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any], node: Any) -> Result | None:

@@ -131,14 +131,6 @@ def _bad(path: str, key: str, value: Any, allowed: str) -> CniError:
     )
 
 
-def ovsdb_handle(node: NodeConfig, endpoint: str | None = None) -> Any:
-    """The process-wide OVSDB handle for `endpoint` (default: the node's), with the node's
-    time-out and vswitchd wait."""
-    from tenantnet.plugin.system import ovsdb
-
-    return ovsdb.connect(endpoint or node.ovsdb, node.ovsdb_timeout, node.ovs_wait)
-
-
 def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -> NodeConfig:
     """The node config at `path`, else at the path `environ` (default: this process's) names
     (`nodepath.node_config_path`); defaults when there is no file."""

@@ -21,10 +21,10 @@ import hashlib
 import json
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass, field, fields
+from typing import Any, ClassVar, TypeVar
 
 from cni.names import container_id_problem, ifname_problem, network_name_problem
 from hostfiles.confined import ensure_private_dir
@@ -33,6 +33,55 @@ from tenantnet.plugin import faults
 PHASE_ADDING = "adding"
 PHASE_READY = "ready"
 FORMAT = 1
+
+
+_P = TypeVar("_P", bound="Plan")
+
+
+@dataclass
+class Plan:
+    """What an attachment's driver fixed before anything was created — one dataclass per
+    driver (tenantnet/plugin/drivers) — plus what the core keeps with it. Serialised in the
+    record as one JSON object: a field's key is its name in camelCase, or `metadata["key"]`.
+    Keys this version does not know are ignored on reading (a newer tenantnet's additions)."""
+
+    # The core's part: CNI_ARGS of the ADD (IPAM DEL gets the same), the device-info file
+    # ADD wrote (DEL removes it), and "a record-less DEL found nothing of this attachment".
+    cni_args: str = ""
+    device_info_file: str | None = None
+    nothing_owned: bool = False
+
+    # Fields holding an object with to_dict(): how to read it back.
+    _decoders: ClassVar[dict[str, Callable[[Any], Any]]] = {}
+    _CORE: ClassVar[frozenset[str]] = frozenset({"cni_args", "device_info_file", "nothing_owned"})
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name in self._CORE and value == f.default:
+                continue
+            out[_key(f)] = value.to_dict() if hasattr(value, "to_dict") else value
+        return out
+
+    @classmethod
+    def from_dict(cls: type[_P], data: dict[str, Any]) -> _P:
+        values: dict[str, Any] = {}
+        for f in fields(cls):
+            key = _key(f)
+            if key in data:
+                value = data[key]
+                decode = cls._decoders.get(f.name)
+                values[f.name] = decode(value) if decode is not None and value is not None else value
+        return cls(**values)
+
+
+def _key(f: Any) -> str:
+    given = f.metadata.get("key")
+    if given:
+        return str(given)
+    head, *rest = f.name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
 
 
 @dataclass
@@ -52,7 +101,7 @@ class AttachmentRecord:
     phase: str = PHASE_ADDING
     pod: PodRef = field(default_factory=PodRef)
     # Driver-specific names fixed before anything is created (host veth, bridge, endpoint).
-    plan: dict[str, Any] = field(default_factory=dict)
+    plan: Plan = field(default_factory=Plan)
     # The network config as given (without prevResult), for IPAM DEL/GC later.
     conf: dict[str, Any] = field(default_factory=dict)
     result: dict[str, Any] | None = None  # in CNI 1.1.0 form
@@ -78,13 +127,15 @@ class AttachmentRecord:
         data = {"format": FORMAT, "network": self.network, "container_id": self.container_id,
                 "ifname": self.ifname, "mode": self.mode, "netns": self.netns, "phase": self.phase,
                 "pod": {"namespace": self.pod.namespace, "name": self.pod.name, "uid": self.pod.uid},
-                "plan": self.plan, "conf": self.conf, "result": self.result,
+                "plan": self.plan.to_dict(), "conf": self.conf, "result": self.result,
                 "created": self.created, "updated": self.updated}
         return json.dumps(data, sort_keys=True)
 
     @classmethod
-    def from_json(cls, text: str) -> AttachmentRecord:
-        """Parse a record; ValueError naming what is wrong if it is not one we wrote."""
+    def from_json(cls, text: str, plan_type: Callable[[str], type[Plan]] | None = None) -> AttachmentRecord:
+        """Parse a record; ValueError naming what is wrong if it is not one we wrote.
+        `plan_type(mode)` is the plan class of the record's mode (`modes.plan_type`);
+        without it the plan is read as the core's part only."""
         data = json.loads(text)
         if not isinstance(data, dict):
             raise ValueError(f"a record is a JSON object, this is {type(data).__name__}")
@@ -103,6 +154,8 @@ class AttachmentRecord:
                 not set(pod) <= {"namespace", "name", "uid"}:
             raise ValueError("pod must hold namespace, name and uid strings")
         data["pod"] = PodRef(**pod)
+        if "plan" in data:
+            data["plan"] = (plan_type(data["mode"]) if plan_type else Plan).from_dict(data["plan"])
         unknown = set(data) - set(_FIELD_TYPES) - {"pod"}
         if unknown:
             raise ValueError(f"unknown fields {sorted(unknown)}")
@@ -124,7 +177,9 @@ class CorruptRecord(Exception):
 
 
 class RecordStore:
-    def __init__(self, state_dir: str) -> None:
+    def __init__(self, state_dir: str, plan_type: Callable[[str], type[Plan]] | None = None) -> None:
+        """`plan_type(mode)`: the plan class per mode (`tenantnet.plugin.modes.plan_type`)."""
+        self.plan_type = plan_type
         self.state_dir = state_dir
         self.root = os.path.join(state_dir, "attachments")
         self.quarantine_root = os.path.join(state_dir, "quarantine")
@@ -186,7 +241,7 @@ class RecordStore:
         except FileNotFoundError:
             return None
         try:
-            return AttachmentRecord.from_json(text)
+            return AttachmentRecord.from_json(text, self.plan_type)
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptRecord(f"attachment record {path} is unreadable: {exc}", path) from None
 
@@ -285,7 +340,7 @@ class RecordStore:
                     path = os.path.join(cdir, name)
                     try:
                         with open(path, encoding="utf-8") as fh:
-                            yield AttachmentRecord.from_json(fh.read())
+                            yield AttachmentRecord.from_json(fh.read(), self.plan_type)
                     except FileNotFoundError:
                         continue
                     except (ValueError, TypeError, KeyError) as exc:

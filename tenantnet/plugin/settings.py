@@ -21,10 +21,8 @@ from __future__ import annotations
 import os
 import re
 import stat
-from dataclasses import replace
 from typing import Any
 
-from cni.env import CniEnv
 from cni.errors import CniError, Code, invalid_config
 from cni.netconf import NetConf, bounded_loads, ci_get
 from hostfiles.confined import confined, confined_dir, read_confined, within
@@ -211,20 +209,3 @@ def bind_fabric(policy: Any, raw: dict[str, Any], node: NodeConfig) -> dict[str,
     if decl.pfs and raw.get("pf") is None and pfs is None:
         out["pfs"] = list(decl.pfs)
     return out
-
-
-def settle(conf: NetConf, env: CniEnv, node: NodeConfig, log: Any) -> Any:
-    """The checked, typed settings of an ADD or CHECK (a `tenantnet.plugin.tnconf.TenantnetConf`)."""
-    from tenantnet.plugin import tenancy
-    from tenantnet.plugin import tnconf as netconf
-
-    policy = tenancy.load(node)
-    raw = bind_fabric(policy, conf.raw, node)
-    if raw is not conf.raw:
-        conf = replace(conf, raw=raw)
-    tconf = netconf.parse(conf, env, node)
-    if policy is not None and tconf.vf is not None:
-        decl = policy.networks.get(conf.name)
-        if decl is not None:
-            tconf = replace(tconf, vf=replace(tconf.vf, allowed_pfs=decl.pfs))
-    return tenancy.enforce(policy, tconf, env, log)

@@ -304,7 +304,7 @@ def _on_off(raw: dict[str, Any], key: str, default: bool) -> bool:
 def device_id(conf: NetConf) -> tuple[str, str] | None:
     """(the VF's PCI address, the field that gave it): runtimeConfig.deviceID, else
     `deviceID`, else Multus's `pciBusID`."""
-    from tenantnet.plugin.system.sysfs import normalise_pci_address
+    from tenantnet.plugin.pci import normalise_pci_address
 
     for where, value in (("runtimeConfig.deviceID", conf.runtime("deviceID")),
                          ("deviceID", conf.raw.get("deviceID")),
@@ -360,3 +360,23 @@ def _vf_settings(conf: NetConf) -> VfSettings:
         link_state=link_state, min_tx_rate=min_rate, max_tx_rate=max_rate,
         mtu=_int_field(raw, "mtu", 68, 65535),
     )
+
+
+def settle(conf: NetConf, env: CniEnv, node: NodeConfig, log: Any) -> TenantnetConf:
+    """The checked, typed settings of an ADD or CHECK: the admin's fabric bound in
+    (settings.bind_fabric), the NAD parsed, and the tenancy policy's decision applied."""
+    from dataclasses import replace
+
+    from tenantnet.plugin import tenancy
+
+    policy = tenancy.load(node)
+    raw = settings.bind_fabric(policy, conf.raw, node)
+    if raw is not conf.raw:
+        conf = replace(conf, raw=raw)
+    tconf = parse(conf, env, node)
+    if policy is not None and tconf.vf is not None:
+        decl = policy.networks.get(conf.name)
+        if decl is not None:
+            tconf = replace(tconf, vf=replace(tconf.vf, allowed_pfs=decl.pfs))
+    decided: TenantnetConf = tenancy.enforce(policy, tconf, env, log)
+    return decided

@@ -76,7 +76,7 @@ from tests.integration.test_agent import AgentProcess, agent_node_config, start_
 
 REPO = Path(__file__).resolve().parents[2]
 SOURCE_ROOTS = ("tenantnet", "cni", "hostfiles", "ipam")
-DRIVERS = REPO / "tenantnet" / "drivers"
+DRIVERS = REPO / "tenantnet" / "plugin" / "drivers"
 MODES = ("ovs", "sriov", "ovs-offload")
 LAB_FIXTURE = {"ovs": "lab", "sriov": "nic_lab", "ovs-offload": "switchdev_lab"}
 ALL_MODES = frozenset(MODES)
@@ -182,7 +182,7 @@ def _driver_facts() -> tuple[dict[Path, set[str]], dict[str, set[Path]], set[str
 
 
 def _saves_per_add() -> int:
-    tree = _parse(REPO / "tenantnet" / "core.py")
+    tree = _parse(REPO / "tenantnet" / "plugin" / "core.py")
     for cls in (n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Plugin"):
         for fn in (n for n in cls.body if isinstance(n, ast.FunctionDef) and n.name == "_add"):
             return sum(1 for n in ast.walk(fn) if isinstance(n, ast.Call)

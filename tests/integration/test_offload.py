@@ -17,8 +17,7 @@ import sys
 import urllib.request
 from pathlib import Path
 
-from tenantnet.ops.flowreport import render, source
-from tenantnet.ops.flowreport.flows import SOFTWARE, parse_dump_flows
+from tenantnet.ops.flowreport import render
 from tenantnet.ops.flowreport.report import (
     Filters,
     attachment_offload,
@@ -27,8 +26,11 @@ from tenantnet.ops.flowreport.report import (
     snapshot_from_text,
     view_of,
 )
+from tenantnet.plugin import modes
 from tenantnet.plugin import nodeconfig as config
 from tenantnet.plugin.records import RecordStore
+from tenantnet.plugin.system import dpctl as source
+from tenantnet.plugin.system.dpflows import SOFTWARE, parse_dump_flows
 from tests.integration.conftest import new_cid
 from tests.unit.test_offload import parse_exposition
 
@@ -82,8 +84,8 @@ def test_report_shows_exactly_the_pods_flows_and_counters_grow(lab, plugin, netn
         pods[name] = (ns, cid, inv.out["ips"][0]["address"].split("/")[0])
     try:
         node = config.load(str(lab.node_config))
-        records = {r.pod.name: r for r in RecordStore(node.state_dir).list(NET)}
-        ports = {n: r.plan["hostIfname"] for n, r in records.items()}
+        records = {r.pod.name: r for r in RecordStore(node.state_dir, modes.plan_type).list(NET)}
+        ports = {n: r.plan.host_ifname for n, r in records.items()}
         (na, _, _), (_, _, ipb) = pods["a"], pods["b"]
         ping(na, ipb, 3)
 

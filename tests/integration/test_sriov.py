@@ -281,14 +281,14 @@ def test_refused_attribute_errors_only_when_asked(nic_lab, vfp, netns_factory):
 
 def test_fifty_add_del_cycles_leave_every_vf_as_it_was(nic_lab, netns_factory):
     """In-process (the core is a library), so 50 cycles take seconds, not minutes."""
-    from cni import log
     from cni.env import parse_env
     from cni.netconf import parse_netconf
+    from tenantnet.entry import logsetup
     from tenantnet.plugin import nodeconfig as config
     from tenantnet.plugin.core import Plugin
 
     node = config.load(str(nic_lab.node_config))
-    log.setup(node.log_file, "warning", stderr=False)
+    logsetup.setup(node.log_file, "warning", stderr=False)
     plugin = Plugin(node)
     before = snapshot(nic_lab)
     netdev_vfs = [vf for vf in vfs(nic_lab) if vf["netdev"]]

@@ -10,6 +10,8 @@ import pytest
 
 from cni.errors import CniError
 from tenantnet.plugin import nodeconfig as config
+from tenantnet.plugin.drivers.ovs import OvsPlan
+from tenantnet.plugin.modes import plan_type
 from tenantnet.plugin.records import AttachmentRecord, CorruptRecord, PodRef, RecordStore
 
 
@@ -57,13 +59,13 @@ def test_invalid_node_config_names_file_and_key(tmp_path, text, needle):
 
 def record(**kw):
     base = dict(network="net-a", container_id="c" * 64, ifname="net1", mode="ovs", netns="/run/netns/p",
-                pod=PodRef("ns", "pod", "uid"), plan={"hostIfname": "tnx"}, conf={"name": "net-a"})
+                pod=PodRef("ns", "pod", "uid"), plan=OvsPlan(host_ifname="tnx"), conf={"name": "net-a"})
     base.update(kw)
     return AttachmentRecord(**base)
 
 
 def test_record_roundtrip_mode_0600(tmp_path):
-    store = RecordStore(str(tmp_path))
+    store = RecordStore(str(tmp_path), plan_type)
     rec = record()
     store.save(rec)
     path = store.path(*rec.key)
@@ -77,7 +79,7 @@ def test_record_roundtrip_mode_0600(tmp_path):
 
 
 def test_progress_is_never_persisted(tmp_path):
-    store = RecordStore(str(tmp_path))
+    store = RecordStore(str(tmp_path), plan_type)
     rec = record()
     rec.progress = {"veth"}
     store.save(rec)
@@ -85,7 +87,7 @@ def test_progress_is_never_persisted(tmp_path):
 
 
 def test_remove_clears_a_killed_writers_temp_file(tmp_path):
-    store = RecordStore(str(tmp_path))
+    store = RecordStore(str(tmp_path), plan_type)
     rec = record()
     store.save(rec)
     stale = store.path(*rec.key) + ".tmp.4242"
@@ -103,7 +105,7 @@ def test_unsafe_names_never_become_paths(tmp_path, field, value):
 
 
 def test_corrupt_record_is_reported_not_fatal(tmp_path):
-    store = RecordStore(str(tmp_path))
+    store = RecordStore(str(tmp_path), plan_type)
     good = record(container_id="good")
     store.save(good)
     bad = store.path("net-a", "bad", "net1")
@@ -120,10 +122,15 @@ def test_record_json_carries_every_field_and_round_trips() -> None:
 
     record = AttachmentRecord(network="n", container_id="c" * 12, ifname="net1", mode="ovs",
                               netns="/run/netns/x", pod=PodRef("ns", "p", "u"),
-                              plan={"hostIfname": "tn0", "trunks": [1, 2]}, conf={"name": "n"},
+                              plan=OvsPlan(host_ifname="tn0", trunks=[1, 2], cni_args="K8S_POD_NAME=p"),
+                              conf={"name": "n"},
                               result={"cniVersion": "1.1.0", "ips": []})
     data = json.loads(record.to_json())
     # A field added to the dataclass but not to to_json would be lost on disk: fail here.
     assert set(data) == {f.name for f in dataclasses.fields(AttachmentRecord)} - {"progress"} | {"format"}
-    again = AttachmentRecord.from_json(record.to_json())
-    assert again == record and again.progress is None
+    assert data["plan"] == {"hostIfname": "tn0", "trunks": [1, 2], "cniArgs": "K8S_POD_NAME=p", "bridge": None,
+                            "ovsdb": None, "vlan": None, "mtu": None, "ofportRequest": None}
+    again = AttachmentRecord.from_json(record.to_json(), plan_type)
+    assert again == record and again.progress is None and isinstance(again.plan, OvsPlan)
+    # Without the plan types only the core's part is read; a key it does not know is ignored.
+    assert AttachmentRecord.from_json(record.to_json()).plan.cni_args == "K8S_POD_NAME=p"

@@ -134,7 +134,7 @@ def test_bad_ovs_fields(kw, code, needle):
 
 
 def test_every_mode_has_a_driver():
-    from tenantnet.plugin.drivers.base import for_mode
+    from tenantnet.plugin.modes import for_mode
 
     assert [for_mode(m, NodeConfig()).mode for m in tn.MODES] == list(tn.MODES)
     with pytest.raises(CniError):

@@ -15,19 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tenantnet.ops.flowreport import cli, render, source
-from tenantnet.ops.flowreport.flows import (
-    OFFLOADED,
-    PARTIAL,
-    SOFTWARE,
-    UNKNOWN,
-    action_outputs,
-    parse_dpctl_show,
-    parse_dump_dps,
-    parse_dump_flows,
-    parse_flow_line,
-    resolve_ports,
-)
+from tenantnet.ops.flowreport import cli, render
 from tenantnet.ops.flowreport.report import (
     FINDING_SOURCES,
     Finding,
@@ -40,8 +28,23 @@ from tenantnet.ops.flowreport.report import (
 )
 from tenantnet.ops.flowreport.server import MetricsServer, parse_listen
 from tenantnet.ops.flowreport.tc import parse_tc_filters
+from tenantnet.plugin.drivers.ovs import OvsPlan
+from tenantnet.plugin.drivers.ovs_offload import OffloadPlan
 from tenantnet.plugin.nodeconfig import NodeConfig
-from tenantnet.plugin.records import AttachmentRecord, PodRef
+from tenantnet.plugin.records import AttachmentRecord, Plan, PodRef
+from tenantnet.plugin.system import dpctl as source
+from tenantnet.plugin.system.dpflows import (
+    OFFLOADED,
+    PARTIAL,
+    SOFTWARE,
+    UNKNOWN,
+    action_outputs,
+    parse_dpctl_show,
+    parse_dump_dps,
+    parse_dump_flows,
+    parse_flow_line,
+    resolve_ports,
+)
 from tenantnet.plugin.tenancy import parse_policy
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "offload"
@@ -208,8 +211,8 @@ def test_tc_filter_sample():
 
 def record(ns: str, name: str, port: str, mode: str = "ovs", network: str = "rail-1",
            representor: bool = False) -> AttachmentRecord:
-    plan = {"representor": port, "hostIfname": "vethignored"} if representor else {"hostIfname": port}
-    plan["bridge"] = "br0"
+    plan: Plan = OffloadPlan(representor=port, bridge="br0") if representor else OvsPlan(host_ifname=port,
+                                                                                         bridge="br0")
     return AttachmentRecord(network=network, container_id="c" * 64 + port, ifname="net1", mode=mode,
                             phase="ready", pod=PodRef(ns, name), plan=plan)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 import math
 
-from tenantnet.ops.flowreport.flows import CLASSES
 from tenantnet.ops.flowreport.report import AttachmentView, Report
+from tenantnet.plugin.system.dpflows import CLASSES
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX = "tenantnet_offload_"

@@ -6,8 +6,8 @@ findings with a fix each, the hook through which other checks add findings, and
 `attachment_offload` for CHECK with `"offloadCheck": "require"`. Text formats are in
 `flows.py`, process calls in `source.py`, output formats in `render.py`.
 
-The OVS port of an attachment is `plan["representor"]` (mode ovs-offload) or
-`plan["hostIfname"]` (mode ovs, the veth's host end). Datapath flows exist only while
+The OVS port of an attachment is the one its plan names (drivers/ovsport.py: the
+representor for ovs-offload, the veth's host end for ovs). Datapath flows exist only while
 traffic hits them (OVS expires them after ~10 s idle), so the counters here are those of
 the flows present now — a snapshot, not a running total.
 """
@@ -20,8 +20,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenantnet.ops.flowreport import source
-from tenantnet.ops.flowreport.flows import (
+from tenantnet.plugin import modes
+from tenantnet.plugin.drivers import offloadstate, ovsport
+from tenantnet.plugin.drivers.offloadstate import SOFTWARE_ONLY_DATAPATHS, OffloadSummary
+from tenantnet.plugin.system import dpctl as source
+from tenantnet.plugin.system.dpflows import (
     CLASSES,
     OFFLOADED,
     PARTIAL,
@@ -42,7 +45,6 @@ DATAPATH_NOTES = {
     "system": ("Linux kernel datapath: with hw-offload=true OVS puts flows into tc flower, "
                "and the NIC's eswitch takes those it can (offloaded:yes, dp:tc)"),
 }
-SOFTWARE_ONLY_DATAPATHS = frozenset({"dummy"})
 
 
 @dataclass
@@ -235,9 +237,8 @@ def snapshot_from_text(text: str, dp_type: str = "system", dp_name: str = "syste
 
 def attachment_port(record: Any) -> tuple[str | None, str | None]:
     """(OVS port, representor) of a record: the representor for ovs-offload, else the veth."""
-    plan = record.plan or {}
-    rep = plan.get("representor")
-    return (rep or plan.get("hostIfname") or None), rep
+    rep = getattr(record.plan, "representor", None)
+    return ovsport.port_of(record.plan), rep
 
 
 def _tenant_of(policy: Any, namespace: str) -> str | None:
@@ -253,7 +254,7 @@ def view_of(record: Any, policy: Any = None) -> AttachmentView:
         network=record.network, container_id=record.container_id, ifname=record.ifname,
         mode=record.mode, phase=record.phase, namespace=record.pod.namespace, pod=record.pod.name,
         tenant=_tenant_of(policy, record.pod.namespace), port=port, representor=rep,
-        bridge=(record.plan or {}).get("bridge"), record=record,
+        bridge=record.plan.bridge if isinstance(record.plan, ovsport.PortPlan) else None, record=record,
     )
 
 
@@ -288,7 +289,7 @@ def load_views(node: Any, filters: Filters | None = None) -> tuple[list[Attachme
 
     policy = tenancy.load(node)
     views, warnings = [], []
-    for rec in RecordStore(node.state_dir).list(filters.network if filters else None):
+    for rec in RecordStore(node.state_dir, modes.plan_type).list(filters.network if filters else None):
         if isinstance(rec, CorruptRecord):
             warnings.append(str(rec))
             continue
@@ -425,78 +426,28 @@ def report_for_node(node: Any, filters: Filters | None = None, appctl_target: st
 
 # ---- CHECK ---------------------------------------------------------------------------------
 
-@dataclass
-class OffloadSummary:
-    """Is an attachment's traffic in hardware? For CHECK with "offloadCheck": "require"."""
-
-    port: str | None
-    flows: int = 0             # datapath flows through the port now (they expire ~10 s idle)
-    hw_flows: int = 0          # offloaded:yes
-    partial_flows: int = 0     # offloaded:partial
-    sw_flows: int = 0
-    packets: int = 0
-    hw_packets: int = 0
-    datapath_types: list[str] = field(default_factory=list)
-    software_only: bool = False  # every datapath is one that cannot offload (the lab)
-    error: str | None = None     # flows could not be read
-
-    @property
-    def carries_traffic(self) -> bool:
-        return self.packets > 0
-
-    @property
-    def in_hardware(self) -> bool:
-        return self.hw_flows > 0
-
-    def require_failed(self, accept_partial: bool = False) -> bool:
-        """The rule of `offloadCheck: require`: traffic flows and none of it in hardware."""
-        hw = self.hw_flows + (self.partial_flows if accept_partial else 0)
-        return self.error is None and self.carries_traffic and hw == 0
-
-    def message(self) -> str:
-        if self.error:
-            return f"offload state of port {self.port} unknown: {self.error}"
-        if self.port is None:
-            return "the attachment has no OVS port, so no datapath flows"
-        base = (f"port {self.port}: {self.flows} active datapath flow(s), {self.hw_flows} in hardware, "
-                f"{self.partial_flows} partial, {self.sw_flows} in software; {self.packets} packets, "
-                f"{self.hw_packets} of them in hardware")
-        if self.software_only:
-            base += f"; datapath {'/'.join(self.datapath_types)} is the lab's userspace datapath (no NIC)"
-        return base
-
-
 def summarize(view: AttachmentView, snap: Snapshot) -> OffloadSummary:
-    t = view.totals
-    types = sorted({dp.type for dp, _ in snap.datapaths})
-    return OffloadSummary(
-        port=view.port, flows=len(view.flows), hw_flows=t[OFFLOADED]["flows"],
-        partial_flows=t[PARTIAL]["flows"], sw_flows=t[SOFTWARE]["flows"], packets=view.packets,
-        hw_packets=t[OFFLOADED]["packets"], datapath_types=types,
-        software_only=bool(types) and set(types) <= SOFTWARE_ONLY_DATAPATHS, error=snap.error,
-    )
+    """The offload summary of one attachment in a snapshot (what CHECK computes live)."""
+    return offloadstate.summarize(view.port, [r.flow for r in view.flows],
+                                  [dp.type for dp, _ in snap.datapaths], snap.error)
 
 
 def attachment_offload(record: Any, node: Any, appctl_target: str | None = None,
                        timeout: float | None = None) -> OffloadSummary:
-    """The offload state of one attachment now. Never raises for OVS trouble: `error` says it.
-
-    Reads only the flows (three ovs-appctl calls per datapath), not OVSDB, and runs no
-    finding sources: CHECK should stay cheap."""
-    view = view_of(record)
-    snap = collect(node, appctl_target, timeout, settings=False)
-    attach_flows([view], snap)
-    return summarize(view, snap)
+    """The offload state of one attachment now (as CHECK with offloadCheck sees it). Never
+    raises for OVS trouble: `error` says it."""
+    return offloadstate.port_offload(node, attachment_port(record)[0], appctl_target, timeout)
 
 
 @register_finding_source
 def eswitch_findings(report: Report) -> list[Finding]:
     """For ovs-offload attachments: eswitch not in switchdev mode, hw-tc-offload off on the PF or
-    the representor — the same checks ADD makes (tenantnet/plugin/drivers/ovs_offload.py)."""
+    the representor — the checks ADD makes (tenantnet/plugin/drivers/offloadstate.py)."""
     views = [a for a in report.attachments if a.mode == "ovs-offload" and getattr(a, "record", None)]
     if not views or report.node is None:
         return []
     from tenantnet.plugin.drivers.ovs_offload import OvsOffloadDriver
+    from tenantnet.plugin.drivers.vf import VfPlan
     from tenantnet.plugin.system.sysfs import SysfsError
 
     driver = OvsOffloadDriver(report.node)
@@ -504,20 +455,14 @@ def eswitch_findings(report: Report) -> list[Finding]:
     found: dict[tuple[str, str], Finding] = {}
     for view in views:
         plan = view.record.plan
-        try:
-            vf = driver.sysfs.vf(plan["deviceID"])
-        except (SysfsError, KeyError):
+        if not isinstance(plan, VfPlan) or not plan.device_id:
             continue
-        checks = []
-        mode = driver.control.eswitch_mode(vf.pf_netdev or "", vf.pf_address)
-        if mode is not None and mode != "switchdev":
-            checks.append(("eswitchSwitchdev", f"the eswitch of PF {vf.pf_address} is in {mode} mode",
-                           f"devlink dev eswitch set pci/{vf.pf_address} mode switchdev"))
-        for name in filter(None, (vf.pf_netdev, plan.get("representor"))):
-            if driver.control.hw_tc_offload(name) is False:
-                checks.append(("hwTcOffload", f"hw-tc-offload is off on {name}",
-                               f"ethtool -K {name} hw-tc-offload on"))
-        for key, message, fix in checks:
-            found[(key, message)] = Finding(codes[key], "error", message + ": no flow of this "
-                                            "attachment can be offloaded", fix, view.port or "node")
+        try:
+            vf = driver.sysfs.vf(plan.device_id)
+        except SysfsError:
+            continue
+        for miss in offloadstate.vf_preconditions(driver.control, vf, view.representor):
+            found[(miss.key, miss.problem)] = Finding(codes[miss.key], "error", miss.problem + ": no flow of "
+                                                      "this attachment can be offloaded", miss.fix,
+                                                      view.port or "node")
     return list(found.values())

@@ -1,27 +1,28 @@
-"""The interface every attachment mode implements, and the registry of modes.
+"""The interface every attachment mode implements.
 
-A driver owns the objects of one mode (for `ovs`: a veth pair and an OVS port). The core
-owns everything shared: records, IPAM, addresses in the pod, results, rollback. Adding a
-mode means adding a module here and a line in `_DRIVERS` — nothing else changes.
+A driver owns the objects of one mode (for `ovs`: a veth pair and an OVS port) and
+everything that depends on the mode: its typed plan, what STATUS probes, where GC finds
+unrecorded objects, whether the pod has a netdev to check. The core owns everything shared:
+records, IPAM, addresses in the pod, results, rollback. Which driver serves which mode is
+`tenantnet/plugin/modes.py`.
 """
 
 from __future__ import annotations
 
 import hashlib
-import importlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from cni.env import CniEnv
-from cni.errors import CniError, Code
+from cni.netconf import NetConf
 from cni.result import Interface
 from tenantnet.plugin.nodeconfig import NodeConfig
-from tenantnet.plugin.records import AttachmentRecord
+from tenantnet.plugin.records import AttachmentRecord, Plan, RecordStore
 from tenantnet.plugin.tnconf import TenantnetConf
 
 
@@ -80,7 +81,8 @@ def in_background(work: Callable[..., Any], *args: Any) -> Future[Any]:
 
 
 class Driver(ABC):
-    mode: str
+    mode: ClassVar[str]
+    plan_type: ClassVar[type[Plan]] = Plan
 
     def __init__(self, node: NodeConfig) -> None:
         self.node = node
@@ -91,14 +93,14 @@ class Driver(ABC):
         yield
 
     @abstractmethod
-    def plan(self, conf: TenantnetConf, env: CniEnv, records: Any = None) -> dict[str, Any]:
+    def plan(self, conf: TenantnetConf, env: CniEnv, records: RecordStore | None = None) -> Plan:
         """Names and settings fixed *before* anything is created; stored in the record.
 
-        `records` (the RecordStore) lets a driver see what other attachments hold.
+        `records` lets a driver see what other attachments hold.
         """
 
     def plan_without_record(self, conf: TenantnetConf, env: CniEnv,
-                            records: Any = None) -> dict[str, Any] | None:
+                            records: RecordStore | None = None) -> Plan | None:
         """The plan DEL uses when there is no record: only objects that provably belong to
         this (container id, ifname) — None when there are none to undo."""
         return self.plan(conf, env, None)
@@ -113,36 +115,26 @@ class Driver(ABC):
 
     @abstractmethod
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
-        """Differences between the record (and the config it was made from) and what is live."""
+        """Differences between the record (and the config it was made from) and what is live,
+        on the host side; the core checks the pod's interface when `pod_netdev` says so."""
 
-    @abstractmethod
-    def describe(self, record: AttachmentRecord) -> dict[str, Any]:
-        """Live facts for operators (port, bridge, VLAN …)."""
+    def pod_netdev(self, record: AttachmentRecord) -> bool:
+        """Whether the attachment has a kernel netdev in the pod (CHECK looks at it)."""
+        return True
 
-    def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
-                plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
-        """Objects of ours for `network` that have no record and are not to be kept.
+    def status(self, raw: dict[str, Any]) -> None:
+        """Is what this mode needs on the node ready? CniError 50 when it is not."""
+        return None
 
-        Returned as synthetic records so that GC can pass them to `detach`.
-        """
+    def orphans(self, conf: NetConf, env: CniEnv, keep: set[tuple[str, str]],
+                recorded: set[tuple[str, str]]) -> list[AttachmentRecord]:
+        """Objects of ours for network `conf` (a GC call's) that have no record and are not
+        in `keep`. Returned as synthetic records so that GC can pass them to `detach`."""
         return []
 
 
-_DRIVERS = {
-    "ovs": "tenantnet.plugin.drivers.ovs:OvsDriver",
-    "sriov": "tenantnet.plugin.drivers.sriov:SriovDriver",
-    "ovs-offload": "tenantnet.plugin.drivers.ovs_offload:OvsOffloadDriver",
-}
+def gc_env(env: CniEnv) -> CniEnv:
+    """GC names no container; a plan computed for it only serves as a hint (endpoint, bridge)."""
+    from dataclasses import replace
 
-
-def for_mode(mode: str, node: NodeConfig) -> Driver:
-    target = _DRIVERS.get(mode)
-    if target is None:
-        raise CniError(
-            Code.UNSUPPORTED_FIELD,
-            f"unsupported field value: mode={mode!r}: not available in this version of tenantnet; "
-            f"available modes: {', '.join(_DRIVERS)}",
-        )
-    module, _, cls = target.partition(":")
-    driver: Driver = getattr(importlib.import_module(module), cls)(node)
-    return driver
+    return replace(env, container_id="gc", ifname="gc")

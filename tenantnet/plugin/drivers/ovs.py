@@ -7,28 +7,22 @@ without a record, or GC after a crash all find the same link and port again.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
+from cni.netconf import NetConf
 from cni.result import Interface
-from tenantnet.plugin import faults
-from tenantnet.plugin import nodeconfig as config
-from tenantnet.plugin.drivers.base import Attached, Driver, in_background, mark_owner, owner_mark
-from tenantnet.plugin.records import AttachmentRecord, PodRef
+from tenantnet.plugin import faults, settings, tnconf
+from tenantnet.plugin.drivers import ovsport
+from tenantnet.plugin.drivers.base import Attached, Driver, gc_env, in_background, mark_owner, owner_mark
+from tenantnet.plugin.drivers.ovsport import STEP_PORT, PortPlan
+from tenantnet.plugin.records import AttachmentRecord, RecordStore
 from tenantnet.plugin.system import netlink, ovsdb
 from tenantnet.plugin.tnconf import TenantnetConf
 
-EXT_NETWORK = "tenantnet-network"
-EXT_CONTAINER = ovsdb.OWNER_CONTAINER
-EXT_IFNAME = ovsdb.OWNER_IFNAME
-EXT_NETNS = "tenantnet-netns"
-EXT_POD_NS = "tenantnet-pod-namespace"
-EXT_POD_NAME = "tenantnet-pod-name"
-EXT_POD_UID = "tenantnet-pod-uid"
 STEP_VETH = "veth"
-STEP_PORT = "port"
 
 
 def host_ifname(container_id: str, ifname: str) -> str:
@@ -37,40 +31,43 @@ def host_ifname(container_id: str, ifname: str) -> str:
     return "tn" + digest[:11]
 
 
+@dataclass
+class OvsPlan(PortPlan):
+    host_ifname: str = ""  # the veth's host end, the OVS port
+
+    def port_name(self) -> str | None:
+        return self.host_ifname or None
+
+
 class OvsDriver(Driver):
     mode = "ovs"
+    plan_type = OvsPlan
 
-    def plan(self, conf: TenantnetConf, env: CniEnv, records: Any = None) -> dict[str, Any]:
+    def plan(self, conf: TenantnetConf, env: CniEnv, records: RecordStore | None = None) -> OvsPlan:
         assert conf.ovs is not None
-        return {
-            "hostIfname": host_ifname(env.container_id, env.ifname),
-            "bridge": conf.ovs.bridge,
-            "ovsdb": conf.ovs.ovsdb,
-            "vlan": conf.ovs.vlan,
-            "trunks": list(conf.ovs.trunks),
-            "mtu": conf.ovs.mtu,
-            "ofportRequest": conf.ovs.ofport_request,
-        }
+        return OvsPlan(host_ifname=host_ifname(env.container_id, env.ifname), bridge=conf.ovs.bridge,
+                       ovsdb=conf.ovs.ovsdb, vlan=conf.ovs.vlan, trunks=list(conf.ovs.trunks),
+                       mtu=conf.ovs.mtu, ofport_request=conf.ovs.ofport_request)
 
-    def _db(self, record: AttachmentRecord) -> ovsdb.Ovsdb:
-        return config.ovsdb_handle(self.node, record.plan["ovsdb"])
+    def _db(self, plan: OvsPlan) -> ovsdb.Ovsdb:
+        return ovsport.ovsdb_for(self.node, plan.ovsdb)
 
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
-        plan = record.plan
-        db = self._db(record)
-        if not db.bridge_exists(plan["bridge"]):
+        plan = _plan(record)
+        db = self._db(plan)
+        if not db.bridge_exists(plan.bridge or ""):
             raise CniError(
                 Code.INVALID_CONFIG,
-                f"invalid network config: bridge={plan['bridge']!r}: no such bridge in OVSDB "
+                f"invalid network config: bridge={plan.bridge!r}: no such bridge in OVSDB "
                 f"at {db.endpoint}",
             )
-        host = plan["hostIfname"]
+        host = plan.host_ifname
         # A link of this name can only be a leftover of a crashed ADD of this same attachment.
         netlink.delete_host_link(host)
         record.mark(STEP_VETH)
         try:
             netlink.create_veth_into_netns(
-                host, record.ifname, record.netns, mtu=plan.get("mtu"), pod_mac=conf.mac,
+                host, record.ifname, record.netns, mtu=plan.mtu, pod_mac=conf.mac,
                 host_alias=owner_mark(record.network, record.container_id, record.ifname),
             )
         except netlink.LinkExists:
@@ -83,54 +80,60 @@ class OvsDriver(Driver):
         record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
         # The transaction (a round trip to ovsdb-server) runs while the core allocates
         # addresses and configures the pod; the core waits for it before answering.
-        pending = in_background(add_owned_port, db, record, host)
+        pending = in_background(ovsport.add_owned_port, db, record, plan, host)
         link = netlink.host_link(host)
         return Attached(host=Interface(name=host, mac=link.mac if link else ""), pod_ifname=record.ifname,
                         pending=pending)
 
     def detach(self, record: AttachmentRecord) -> None:
-        host = record.plan.get("hostIfname") or host_ifname(record.container_id, record.ifname)
+        plan = _plan(record)
+        host = plan.host_ifname or host_ifname(record.container_id, record.ifname)
         done = record.progress
         # Deleting the host end removes the pod end too, wherever it is. The kernel takes
         # ≈ 20 ms for it (mostly waiting for RCU), so it runs beside the port's transaction.
         unlink = in_background(delete_own_link, record, host) if done is None or STEP_VETH in done else None
         try:
             if done is None or STEP_PORT in done:
-                self._db(record).delete_port(host, owner=(record.container_id, record.ifname))
+                self._db(plan).delete_port(host, owner=(record.container_id, record.ifname))
                 faults.step("ovs.port-deleted")
         finally:
             if unlink is not None:
                 unlink.result()
 
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
-        host = record.plan["hostIfname"]
-        return check_owned_port(self._db(record), record, host) + link_drift(host, "host link")
+        plan = _plan(record)
+        host = plan.host_ifname
+        return ovsport.check_owned_port(self._db(plan), record, plan, host) + \
+            ovsport.link_drift(host, "host link") + ovsport.offload_drift(self.node, plan, conf)
 
-    def describe(self, record: AttachmentRecord) -> dict[str, Any]:
-        port = self._db(record).port(record.plan["hostIfname"])
-        return {
-            "bridge": port.bridge if port else None,
-            "port": record.plan["hostIfname"],
-            "tag": port.tag if port else None,
-            "trunks": port.trunks if port else [],
-            "ofport": port.ofport if port else None,
-        }
+    def status(self, raw: dict[str, Any]) -> None:
+        try:
+            endpoint = settings.ovsdb_endpoint(raw, self.node)
+        except CniError as err:
+            raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {err.msg}") from None
+        ovsport.probe(self.node, endpoint)
 
-    def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
-                plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
-        db = config.ovsdb_handle(self.node, plan_hint.get("ovsdb"))
-        found = unrecorded_ports(db, network, self.mode, keep | recorded, lambda port: {
-            "hostIfname": port.name, "bridge": port.bridge, "ovsdb": db.endpoint})
+    def orphans(self, conf: NetConf, env: CniEnv, keep: set[tuple[str, str]],
+                recorded: set[tuple[str, str]]) -> list[AttachmentRecord]:
+        hint = self.plan(tnconf.parse(conf, gc_env(env), self.node), gc_env(env), None)
+        db = self._db(hint)
+        found = ovsport.unrecorded_ports(db, conf.name, self.mode, keep | recorded, lambda port: OvsPlan(
+            host_ifname=port.name, bridge=port.bridge, ovsdb=db.endpoint))
         # Host veths marked as ours whose OVS port never got written (or was lost).
         seen = keep | recorded | {(r.container_id, r.ifname) for r in found}
         for link in netlink.host_links():
-            owner = mark_owner(link.alias, network)
+            owner = mark_owner(link.alias, conf.name)
             if owner is None or owner in seen or link.name != host_ifname(*owner):
                 continue
-            found.append(AttachmentRecord(network=network, container_id=owner[0], ifname=owner[1],
+            found.append(AttachmentRecord(network=conf.name, container_id=owner[0], ifname=owner[1],
                                           mode=self.mode,
-                                          plan={"hostIfname": link.name, "ovsdb": db.endpoint}))
+                                          plan=OvsPlan(host_ifname=link.name, ovsdb=db.endpoint)))
         return found
+
+
+def _plan(record: AttachmentRecord) -> OvsPlan:
+    assert isinstance(record.plan, OvsPlan), f"a mode ovs record with a {type(record.plan).__name__}"
+    return record.plan
 
 
 def delete_own_link(record: AttachmentRecord, name: str) -> bool:
@@ -141,80 +144,3 @@ def delete_own_link(record: AttachmentRecord, name: str) -> bool:
     if link.alias and link.alias != owner_mark(record.network, record.container_id, record.ifname):
         return False
     return netlink.delete_host_link(name)
-
-
-def unrecorded_ports(db: ovsdb.Ovsdb, network: str, mode: str, known: set[tuple[str, str]],
-                     plan_of: Callable[[ovsdb.PortState], dict[str, Any]]) -> list[AttachmentRecord]:
-    """Synthetic records for our ports on `network` whose (container id, ifname) is not in
-    `known`, rebuilt from the identity their external_ids carry; `plan_of` gives the plan."""
-    found = []
-    for port in db.owned_ports():
-        ids = port.external_ids
-        ident = (ids.get(EXT_CONTAINER, ""), ids.get(EXT_IFNAME, ""))
-        if ids.get(EXT_NETWORK) != network or ident in known:
-            continue
-        found.append(AttachmentRecord(
-            network=network, container_id=ident[0], ifname=ident[1], mode=mode,
-            netns=ids.get(EXT_NETNS, ""),
-            pod=PodRef(ids.get(EXT_POD_NS, ""), ids.get(EXT_POD_NAME, ""), ids.get(EXT_POD_UID, "")),
-            plan=plan_of(port)))
-    return found
-
-
-def add_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, port: str) -> None:
-    """The attachment's OVS port: VLAN, MTU and ownership in one transaction."""
-    plan, pod = record.plan, record.pod
-    faults.step("ovs.port-adding")
-    db.add_port(
-        ovsdb.PortSpec(
-            bridge=plan["bridge"],
-            name=port,
-            tag=plan.get("vlan"),
-            trunks=list(plan.get("trunks") or []),
-            mtu=plan.get("mtu"),
-            ofport_request=plan.get("ofportRequest"),
-            external_ids={
-                EXT_NETWORK: record.network,
-                EXT_CONTAINER: record.container_id,
-                EXT_IFNAME: record.ifname,
-                EXT_NETNS: record.netns,
-                EXT_POD_NS: pod.namespace,
-                EXT_POD_NAME: pod.name,
-                EXT_POD_UID: pod.uid,
-            },
-        )
-    )
-    faults.step("ovs.port-added")
-
-
-def check_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, name: str) -> list[str]:
-    """Differences between the attachment's OVS port and its record."""
-    plan = record.plan
-    port = db.port(name)
-    if port is None:
-        return [f"OVS port {name} is missing"]
-    drift = []
-    if port.bridge != plan["bridge"]:
-        drift.append(f"OVS port {name} is on bridge {port.bridge!r}, expected {plan['bridge']!r}")
-    if port.tag != plan.get("vlan"):
-        drift.append(f"OVS port {name} has tag {port.tag!r}, expected {plan.get('vlan')!r}")
-    if port.trunks != list(plan.get("trunks") or []):
-        drift.append(f"OVS port {name} has trunks {port.trunks}, expected {plan.get('trunks') or []}")
-    if not port.owned:
-        drift.append(f"OVS port {name} lost its ownership tag {ovsdb.OWNER_KEY}")
-    ids = port.external_ids
-    for key, want in ((EXT_CONTAINER, record.container_id), (EXT_IFNAME, record.ifname),
-                      (EXT_NETWORK, record.network)):
-        if ids.get(key) != want:
-            drift.append(f"OVS port {name} external_ids:{key}={ids.get(key)!r}, expected {want!r}")
-    if port.error:
-        drift.append(f"OVS interface {name} reports error: {port.error}")
-    return drift
-
-
-def link_drift(name: str, what: str) -> list[str]:
-    """A host-side link of the attachment that is missing or down."""
-    link = netlink.host_link(name)
-    if link is None:
-        return [f"{what} {name} is missing"]
-    return [] if link.up else [f"{what} {name} is down"]

@@ -1,30 +1,32 @@
 """Mode `ovs-offload`: OVS hardware offload (switchdev). The VF goes into the pod exactly as
-in mode `sriov` (recorded first, fully restored on DEL); its **representor** joins an OVS
-bridge in one transaction with VLAN/trunks, MTU and ownership, so OVS flows can be pushed
-into the NIC with tc-flower.
+in mode `sriov` (drivers/vf.py: recorded first, fully restored on DEL); its **representor**
+joins an OVS bridge in one transaction with VLAN/trunks, MTU and ownership
+(drivers/ovsport.py), so OVS flows can be pushed into the NIC with tc-flower.
 
 In switchdev mode the VF's VLAN, spoof checking, trust and rates belong to the representor's
 OVS port, not to the PF: only an admin MAC is set through the PF. The preconditions for
-flows to be offloaded at all — eswitch in switchdev mode, `hw-tc-offload` on PF and
-representor, OVS `other_config:hw-offload=true` — are checked on ADD and STATUS; the node
-config says per precondition whether a miss warns (default) or refuses.
+flows to be offloaded at all (drivers/offloadstate.py) are checked on ADD and STATUS; the
+node config says per precondition whether a miss warns (default) or refuses.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
+from cni.netconf import NetConf, parse_netconf
 from cni.result import Interface
-from tenantnet.plugin import faults
-from tenantnet.plugin import nodeconfig as config
-from tenantnet.plugin.drivers.base import Attached
-from tenantnet.plugin.drivers.ovs import add_owned_port, check_owned_port, link_drift, unrecorded_ports
-from tenantnet.plugin.drivers.sriov import SriovDriver
-from tenantnet.plugin.records import AttachmentRecord
+from tenantnet.plugin import faults, settings, tnconf
+from tenantnet.plugin.drivers import offloadstate, ovsport
+from tenantnet.plugin.drivers.base import Attached, gc_env
+from tenantnet.plugin.drivers.ovsport import STEP_PORT, PortPlan
+from tenantnet.plugin.drivers.vf import VfDriver, VfPlan
+from tenantnet.plugin.records import AttachmentRecord, RecordStore
 from tenantnet.plugin.system import netlink, ovsdb
 from tenantnet.plugin.system.sysfs import (
+    SysfsError,
     VirtualFunction,
     find_representor,
     representor_from_devlink,
@@ -33,16 +35,45 @@ from tenantnet.plugin.system.sysfs import (
 from tenantnet.plugin.system.vfcontrol import VfState
 from tenantnet.plugin.tnconf import TenantnetConf
 
-STEP_PORT = "port"
+
+@dataclass
+class LinkOriginal:
+    """The representor as it was before ADD (DEL puts its MTU and admin state back)."""
+
+    mtu: int = 0
+    up: bool = False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mtu": self.mtu, "up": self.up}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> LinkOriginal:
+        return cls(mtu=d.get("mtu") or 0, up=bool(d.get("up")))
 
 
-class OvsOffloadDriver(SriovDriver):
+@dataclass
+class OffloadPlan(VfPlan, PortPlan):
+    """The VF (as in mode sriov) and its representor's OVS port. An orphan port whose VF
+    could not be found has only the port part (no device_id)."""
+
+    representor: str | None = None
+    representor_original: LinkOriginal | None = None
+    precondition_warnings: list[str] = field(default_factory=list)
+
+    _decoders = {**VfPlan._decoders, "representor_original": LinkOriginal.from_dict}
+
+    def port_name(self) -> str | None:
+        return self.representor
+
+
+class OvsOffloadDriver(VfDriver):
     mode = "ovs-offload"
+    plan_type = OffloadPlan
     # In switchdev mode the PF sets only the admin MAC; the rest is the representor's port.
     pf_fields = ("mac",)
 
     def _db(self, endpoint: str | None) -> ovsdb.Ovsdb:
-        return config.ovsdb_handle(self.node, endpoint)
+        return ovsport.ovsdb_for(self.node, endpoint)
 
     def pf_settings(self, conf: TenantnetConf) -> tuple[VfState, list[str]]:
         return (VfState(mac=conf.mac), ["mac"]) if conf.mac else (VfState(), [])
@@ -73,70 +104,55 @@ class OvsOffloadDriver(SriovDriver):
         return bridge
 
     def preconditions(self, vf: VirtualFunction, representor: str | None,
-                      db: ovsdb.Ovsdb) -> list[tuple[str, str]]:
-        """(precondition, what is wrong and how to fix it) for every precondition not met."""
-        misses = []
-        mode = self.control.eswitch_mode(vf.pf_netdev or "", vf.pf_address)
-        if mode is not None and mode != "switchdev":
-            misses.append(("eswitchSwitchdev",
-                           f"the eswitch of PF {vf.pf_address} is in {mode} mode; fix: devlink dev "
-                           f"eswitch set pci/{vf.pf_address} mode switchdev"))
-        for name in filter(None, (vf.pf_netdev, representor)):
-            if self.control.hw_tc_offload(name) is False:
-                misses.append(("hwTcOffload", f"hw-tc-offload is off on {name}; fix: ethtool -K {name} "
-                                              "hw-tc-offload on"))
-        if db.other_config().get("hw-offload") != "true":
-            misses.append(("ovsHwOffload", "OVS other_config:hw-offload is not true, so no flow is "
-                                           "offloaded; fix: ovs-vsctl set Open_vSwitch . "
-                                           "other_config:hw-offload=true, then restart ovs-vswitchd"))
-        return misses
+                      db: ovsdb.Ovsdb) -> list[offloadstate.Miss]:
+        """Every offload precondition not met, with what is wrong and how to fix it."""
+        return offloadstate.vf_preconditions(self.control, vf, representor) + \
+            offloadstate.ovs_preconditions(db.other_config())
 
-    def _enforce(self, misses: list[tuple[str, str]]) -> list[str]:
-        refused = [why for key, why in misses if self.node.offload_preconditions.get(key) == "refuse"]
+    def _enforce(self, misses: list[offloadstate.Miss]) -> list[str]:
+        refused = [m.text() for m in misses if self.node.offload_preconditions.get(m.key) == "refuse"]
         if refused:
             raise CniError(Code.OFFLOAD_PRECONDITION, "offload precondition not met: " + "; ".join(refused))
         if misses:
             from tenantnet.plugin.log import get
 
-            log = get("tenantnet.ops.flowreport")
-        for key, why in misses:
-            # The log's warnings reach stderr too (cni.log), so the runtime's log shows them.
-            log.warning("offload.precondition", precondition=key, problem=why)
-        return [why for _, why in misses]
+            log = get("tenantnet.offload")
+            for miss in misses:
+                # The log's warnings reach stderr too (entry/logsetup.py), so the runtime's log shows them.
+                log.warning("offload.precondition", precondition=miss.key, problem=miss.text())
+        return [m.text() for m in misses]
 
-    def plan(self, conf: TenantnetConf, env: CniEnv, records: Any = None) -> dict[str, Any]:
+    def plan(self, conf: TenantnetConf, env: CniEnv, records: RecordStore | None = None) -> OffloadPlan:
         assert conf.ovs is not None
         plan = super().plan(conf, env, records)
-        vf = self.sysfs.vf(plan["deviceID"])
+        assert isinstance(plan, OffloadPlan)
+        vf = self.sysfs.vf(plan.device_id)
         rep = self._representor(vf)
         db = self._db(conf.ovs.ovsdb)
         link = netlink.host_link(rep)
-        plan.update({
-            # What ADD changes on the representor (MTU, up), put back on DEL.
-            "representorOriginal": {"mtu": link.mtu, "up": link.up} if link is not None else None,
-            "representor": rep, "bridge": self._bridge(conf, db, vf), "ovsdb": conf.ovs.ovsdb,
-            "vlan": conf.ovs.vlan, "trunks": list(conf.ovs.trunks), "mtu": conf.mtu,
-            "ofportRequest": conf.ovs.ofport_request,
-        })
-        plan["preconditionWarnings"] = self._enforce(self.preconditions(vf, rep, db))
+        # What ADD changes on the representor (MTU, up), put back on DEL.
+        plan.representor_original = LinkOriginal(link.mtu, link.up) if link is not None else None
+        plan.representor, plan.bridge, plan.ovsdb = rep, self._bridge(conf, db, vf), conf.ovs.ovsdb
+        plan.vlan, plan.trunks, plan.mtu = conf.ovs.vlan, list(conf.ovs.trunks), conf.mtu
+        plan.ofport_request = conf.ovs.ofport_request
+        plan.precondition_warnings = self._enforce(self.preconditions(vf, rep, db))
         return plan
 
     def plan_without_record(self, conf: TenantnetConf, env: CniEnv,
-                            records: Any = None) -> dict[str, Any] | None:
+                            records: RecordStore | None = None) -> OffloadPlan | None:
         """The VF as in mode sriov (only if it carries our mark); the representor's port is
         deleted only if its external_ids name this (container id, ifname)."""
         assert conf.ovs is not None and conf.vf is not None
         if not conf.vf.device_id:
             raise CniError(Code.INVALID_CONFIG, "no record and no deviceID: cannot tell which VF to reset")
         vf = self._vf(conf.vf.device_id)
-        plan = super().plan_without_record(conf, env, records)
-        port_only = plan is None
-        if port_only:
-            plan = {}
-        plan.update({"representor": find_representor(self.sysfs, vf), "bridge": conf.ovs.bridge,
-                     "ovsdb": conf.ovs.ovsdb})
-        if port_only:
-            port = self._db(conf.ovs.ovsdb).port(plan["representor"]) if plan["representor"] else None
+        found = super().plan_without_record(conf, env, records)
+        assert found is None or isinstance(found, OffloadPlan)
+        plan = found or OffloadPlan()
+        plan.representor, plan.bridge, plan.ovsdb = find_representor(self.sysfs, vf), conf.ovs.bridge, \
+            conf.ovs.ovsdb
+        if found is None:  # the port only
+            port = self._db(plan.ovsdb).port(plan.representor) if plan.representor else None
             ids = port.external_ids if port is not None else {}
             owner = (ids.get(ovsdb.OWNER_CONTAINER), ids.get(ovsdb.OWNER_IFNAME))
             if owner != (env.container_id, env.ifname):
@@ -145,12 +161,12 @@ class OvsOffloadDriver(SriovDriver):
 
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
         attached = super().attach(record, conf)
-        plan = record.plan
-        rep = plan["representor"]
-        netlink.set_host_link(rep, mtu=plan.get("mtu"), up=True)
+        plan = _plan(record)
+        rep = plan.representor or ""
+        netlink.set_host_link(rep, mtu=plan.mtu, up=True)
         faults.step("offload.representor-up")
         record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
-        add_owned_port(self._db(plan.get("ovsdb")), record, rep)
+        ovsport.add_owned_port(self._db(plan.ovsdb), record, plan, rep)
         link = netlink.host_link(rep)
         attached.host = Interface(name=rep, mac=link.mac if link else "")
         if attached.device_info is not None:
@@ -158,49 +174,81 @@ class OvsOffloadDriver(SriovDriver):
         return attached
 
     def detach(self, record: AttachmentRecord) -> None:
-        plan = record.plan
-        rep = plan.get("representor")
+        plan = _plan(record)
+        rep = plan.representor
         done = record.progress
         owner = (record.container_id, record.ifname)
         # Waiting for vswitchd: until it has dropped the port it may still set the
         # representor's flags back as it found them when it took it (seen: up again after
         # our restore, 3 DELs in 30).
         deleted = rep and (done is None or STEP_PORT in done) and \
-            self._db(plan.get("ovsdb")).delete_port(rep, owner=owner, wait=True)
+            self._db(plan.ovsdb).delete_port(rep, owner=owner, wait=True)
         faults.step("offload.port-deleted")
-        original = plan.get("representorOriginal")
+        original = plan.representor_original
         if rep and (deleted or original) and netlink.host_link(rep) is not None:
             if original:  # the representor as it was before ADD
-                netlink.set_host_link(rep, mtu=original["mtu"] or None, up=original["up"])
+                netlink.set_host_link(rep, mtu=original.mtu or None, up=original.up)
             else:
                 netlink.set_host_link(rep, up=False)
-        if "deviceID" in plan:  # an orphan port whose VF could not be found has only the port
+        if plan.device_id:  # an orphan port whose VF could not be found has only the port
             super().detach(record)
 
-    def orphans(self, network: str, keep: set[tuple[str, str]], recorded: set[tuple[str, str]],
-                plan_hint: dict[str, Any]) -> list[AttachmentRecord]:
+    def orphans(self, conf: NetConf, env: CniEnv, keep: set[tuple[str, str]],
+                recorded: set[tuple[str, str]]) -> list[AttachmentRecord]:
         """Representor ports of ours on `network` without a record (an ADD killed before its
         record was written, a record lost with a disk): the VF is found again from the
         representor and reset to the fail-safe state, as DEL without a record does."""
-        db = self._db(plan_hint.get("ovsdb"))
+        # Only where its ports are: a NAD without deviceID (the device plugin gives one per
+        # pod) would not parse as a whole here.
+        db = self._db(settings.ovsdb_endpoint(conf.raw, self.node))
 
-        def plan_of(port: ovsdb.PortState) -> dict[str, Any]:
-            plan: dict[str, Any] = {"representor": port.name, "bridge": port.bridge, "ovsdb": db.endpoint}
+        def plan_of(port: ovsdb.PortState) -> OffloadPlan:
             vf = vf_of_representor(self.sysfs, port.name)
-            if vf is not None:
-                plan.update(self.vf_plan_without_record(vf))
+            plan = self.vf_plan_without_record(vf) if vf is not None else OffloadPlan()
+            assert isinstance(plan, OffloadPlan)
+            plan.representor, plan.bridge, plan.ovsdb = port.name, port.bridge, db.endpoint
             return plan
 
-        return unrecorded_ports(db, network, self.mode, keep | recorded, plan_of)
+        return ovsport.unrecorded_ports(db, conf.name, self.mode, keep | recorded, plan_of)
 
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
         drift = super().check(record, conf)
-        rep = record.plan["representor"]
-        drift += check_owned_port(self._db(record.plan.get("ovsdb")), record, rep)
-        return drift + link_drift(rep, "representor")
+        plan = _plan(record)
+        rep = plan.representor or ""
+        drift += ovsport.check_owned_port(self._db(plan.ovsdb), record, plan, rep)
+        return drift + ovsport.link_drift(rep, "representor") + ovsport.offload_drift(self.node, plan, conf)
 
-    def describe(self, record: AttachmentRecord) -> dict[str, Any]:
-        out = super().describe(record)
-        out.update({"representor": record.plan["representor"], "bridge": record.plan["bridge"],
-                    "vlan": record.plan.get("vlan")})
-        return out
+    def status(self, raw: dict[str, Any]) -> None:
+        """The network's OVSDB answers, and its PF meets the offload preconditions: 'refuse'
+        ones make STATUS code 50, the others are logged."""
+        try:
+            endpoint = settings.ovsdb_endpoint(raw, self.node)
+        except CniError as err:
+            raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {err.msg}") from None
+        ovsport.probe(self.node, endpoint)
+        try:
+            env = gc_env(CniEnv(command="STATUS", netns="/"))
+            tconf = tnconf.parse(parse_netconf(raw), env, self.node)
+            assert tconf.vf is not None and tconf.ovs is not None
+            if tconf.vf.device_id:
+                vf = self.sysfs.vf(tconf.vf.device_id)
+            else:
+                vf = self.sysfs.vfs_of_pf(self.sysfs.pf_address(tconf.vf.pfs[0]))[0]
+            misses = self.preconditions(vf, find_representor(self.sysfs, vf), self._db(tconf.ovs.ovsdb))
+        except (CniError, SysfsError, IndexError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
+            raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: cannot check offload "
+                                               f"preconditions: {getattr(exc, 'msg', exc)}") from None
+        from tenantnet.plugin.log import get
+
+        log = get("tenantnet.plugin.core")
+        refused = [m.text() for m in misses if self.node.offload_preconditions.get(m.key) == "refuse"]
+        for miss in misses:
+            log.warning("status.offload_precondition", precondition=miss.key, problem=miss.text())
+        if refused:
+            raise CniError(Code.NOT_AVAILABLE, "tenantnet is not available: offload precondition not "
+                                               "met: " + "; ".join(refused))
+
+
+def _plan(record: AttachmentRecord) -> OffloadPlan:
+    assert isinstance(record.plan, OffloadPlan), f"an ovs-offload record with a {type(record.plan).__name__}"
+    return record.plan

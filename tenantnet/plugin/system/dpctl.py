@@ -1,7 +1,8 @@
 """Where the flow text comes from: the node's `ovs-vswitchd` (ovs-appctl) and OVSDB (ovs-vsctl).
 
 This module owns process calls only (with a time-out and errors that say what to do); the
-formats belong to `flows.py`.
+formats belong to `dpflows.py`. Used by mode ovs-offload (is an attachment's traffic in
+hardware?) and by the operators' offload report (tenantnet/ops/flowreport).
 
 Finding the vswitchd control socket (the `-t` target of ovs-appctl):
 1. `--appctl-target PATH` (or a daemon name), when given;
@@ -97,7 +98,7 @@ class Datapath:
 def read_datapaths(target: str, timeout: float = DEFAULT_TIMEOUT,
                    offloaded_only: bool = False) -> list[Datapath]:
     """Every datapath of this vswitchd with its `dump-flows -m` text and port numbers."""
-    from tenantnet.ops.flowreport.flows import parse_dpctl_show, parse_dump_dps
+    from tenantnet.plugin.system.dpflows import parse_dpctl_show, parse_dump_dps
 
     out = []
     for kind, name in parse_dump_dps(appctl(target, "dpctl/dump-dps", timeout=timeout)):

@@ -1,0 +1,151 @@
+"""The OVS port of an attachment, shared by the modes that make one (`ovs`: the host end of
+a veth; `ovs-offload`: a VF's representor): its part of the plan, the one transaction that
+adds it with VLAN/trunks, MTU and ownership, its CHECK, and finding unrecorded ports for GC.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from tenantnet.plugin import faults
+from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.records import AttachmentRecord, Plan, PodRef
+from tenantnet.plugin.system import netlink, ovsdb
+from tenantnet.plugin.tnconf import TenantnetConf
+
+EXT_NETWORK = "tenantnet-network"
+EXT_CONTAINER = ovsdb.OWNER_CONTAINER
+EXT_IFNAME = ovsdb.OWNER_IFNAME
+EXT_NETNS = "tenantnet-netns"
+EXT_POD_NS = "tenantnet-pod-namespace"
+EXT_POD_NAME = "tenantnet-pod-name"
+EXT_POD_UID = "tenantnet-pod-uid"
+STEP_PORT = "port"
+
+
+@dataclass
+class PortPlan(Plan):
+    """Where the port goes and how it is set (from the network config at ADD)."""
+
+    bridge: str | None = None
+    ovsdb: str | None = None  # the endpoint; None: the node's
+    vlan: int | None = None
+    trunks: list[int] = field(default_factory=list)
+    mtu: int | None = None
+    ofport_request: int | None = None
+
+    def port_name(self) -> str | None:
+        """The attachment's OVS port (each mode's plan says which of its links it is)."""
+        return None
+
+
+def ovsdb_for(node: NodeConfig, endpoint: str | None = None) -> ovsdb.Ovsdb:
+    """The process-wide OVSDB handle for `endpoint` (default: the node's), with the node's
+    time-out and vswitchd wait."""
+    return ovsdb.connect(endpoint or node.ovsdb, node.ovsdb_timeout, node.ovs_wait)
+
+
+def add_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, plan: PortPlan, port: str) -> None:
+    """The attachment's OVS port: VLAN, MTU and ownership in one transaction."""
+    pod = record.pod
+    faults.step("ovs.port-adding")
+    db.add_port(
+        ovsdb.PortSpec(
+            bridge=plan.bridge or "",
+            name=port,
+            tag=plan.vlan,
+            trunks=list(plan.trunks),
+            mtu=plan.mtu,
+            ofport_request=plan.ofport_request,
+            external_ids={
+                EXT_NETWORK: record.network,
+                EXT_CONTAINER: record.container_id,
+                EXT_IFNAME: record.ifname,
+                EXT_NETNS: record.netns,
+                EXT_POD_NS: pod.namespace,
+                EXT_POD_NAME: pod.name,
+                EXT_POD_UID: pod.uid,
+            },
+        )
+    )
+    faults.step("ovs.port-added")
+
+
+def check_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, plan: PortPlan, name: str) -> list[str]:
+    """Differences between the attachment's OVS port and its record."""
+    port = db.port(name)
+    if port is None:
+        return [f"OVS port {name} is missing"]
+    drift = []
+    if port.bridge != plan.bridge:
+        drift.append(f"OVS port {name} is on bridge {port.bridge!r}, expected {plan.bridge!r}")
+    if port.tag != plan.vlan:
+        drift.append(f"OVS port {name} has tag {port.tag!r}, expected {plan.vlan!r}")
+    if port.trunks != list(plan.trunks):
+        drift.append(f"OVS port {name} has trunks {port.trunks}, expected {plan.trunks}")
+    if not port.owned:
+        drift.append(f"OVS port {name} lost its ownership tag {ovsdb.OWNER_KEY}")
+    ids = port.external_ids
+    for key, want in ((EXT_CONTAINER, record.container_id), (EXT_IFNAME, record.ifname),
+                      (EXT_NETWORK, record.network)):
+        if ids.get(key) != want:
+            drift.append(f"OVS port {name} external_ids:{key}={ids.get(key)!r}, expected {want!r}")
+    if port.error:
+        drift.append(f"OVS interface {name} reports error: {port.error}")
+    return drift
+
+
+def link_drift(name: str, what: str) -> list[str]:
+    """A host-side link of the attachment that is missing or down."""
+    link = netlink.host_link(name)
+    if link is None:
+        return [f"{what} {name} is missing"]
+    return [] if link.up else [f"{what} {name} is down"]
+
+
+def unrecorded_ports(db: ovsdb.Ovsdb, network: str, mode: str, known: set[tuple[str, str]],
+                     plan_of: Callable[[ovsdb.PortState], Plan]) -> list[AttachmentRecord]:
+    """Synthetic records for our ports on `network` whose (container id, ifname) is not in
+    `known`, rebuilt from the identity their external_ids carry; `plan_of` gives the plan."""
+    found = []
+    for port in db.owned_ports():
+        ids = port.external_ids
+        ident = (ids.get(EXT_CONTAINER, ""), ids.get(EXT_IFNAME, ""))
+        if ids.get(EXT_NETWORK) != network or ident in known:
+            continue
+        found.append(AttachmentRecord(
+            network=network, container_id=ident[0], ifname=ident[1], mode=mode,
+            netns=ids.get(EXT_NETNS, ""),
+            pod=PodRef(ids.get(EXT_POD_NS, ""), ids.get(EXT_POD_NAME, ""), ids.get(EXT_POD_UID, "")),
+            plan=plan_of(port)))
+    return found
+
+
+def probe(node: NodeConfig, endpoint: str) -> None:
+    """STATUS of a mode with OVS ports: is this OVSDB answering? CniError 50 if not."""
+    from cni.errors import CniError, Code
+
+    try:
+        ovsdb.probe(endpoint, timeout=min(node.ovsdb_timeout, 2.0))
+    except ovsdb.OvsdbUnavailable as exc:
+        raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {exc}") from None
+
+
+def port_of(plan: Plan) -> str | None:
+    """The OVS port name of an attachment's plan (None for a mode without one)."""
+    return plan.port_name() if isinstance(plan, PortPlan) else None
+
+
+def offload_drift(node: NodeConfig, plan: PortPlan, conf: TenantnetConf) -> list[str]:
+    """`"offloadCheck": "require"`: the attachment's port carries traffic and none of its
+    active flows is in hardware."""
+    if not conf.offload_check:
+        return []
+    from tenantnet.plugin.drivers import offloadstate
+
+    summary = offloadstate.port_offload(node, plan.port_name())
+    if not summary.require_failed():
+        return []
+    return ["offloadCheck require: the attachment carries traffic and none of its active flows is in "
+            f"hardware ({summary.message()})"]
