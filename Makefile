@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --config-settings editable_mode=compat -e '.[test]' >$(VENV)/pip.log 2>&1 \
 		|| { cat $(VENV)/pip.log; exit 1; }
-	@$(PY) -c 'import pathlib, tenantnet.ops.install as i; i.write_venv_launchers(pathlib.Path("$(VENV)/bin").absolute(), pathlib.Path(".").absolute())'
+	@$(PY) -c 'import pathlib, tenantnet.ops.runtime as i; i.write_venv_launchers(pathlib.Path("$(VENV)/bin").absolute(), pathlib.Path(".").absolute())'
 	@touch $(STAMP)
 
 venv: $(STAMP)

@@ -1,8 +1,9 @@
 """The CNI environment: which verb, which container, which netns — validated per verb.
 
 `CNI_ARGS` is parsed here too. Real callers repeat keys and change their order (Multus,
-containerd, podman all differ; see CNI-FACTS.md §2), so the parser tolerates both and only
-refuses what is malformed, or unknown keys when the caller did not say `IgnoreUnknown`.
+containerd and podman each build it differently; docs/multus.md lists what Multus sends),
+so the parser tolerates both and only refuses what is malformed, or unknown keys when the
+caller did not say `IgnoreUnknown`.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ Run at image build time with the interpreter to bundle (any Debian-style CPython
 
     python3 packaging/build_runtime.py --site /build/site --out /opt/tenantnet/runtime
 
-Standard library only, plus `tenantnet.ops.install` from the runtime being built (for the
+Standard library only, plus `tenantnet.ops.runtime` from the runtime being built (for the
 manifest digest and the launchers, so build and installer share one definition).
 """
 
@@ -232,20 +232,20 @@ def _importable(out: Path, module: str) -> bool:
 
 
 def _installer(out: Path) -> Any:
-    """tenantnet.ops.install from the runtime's site/ (the code that will install this runtime),
-    imported as the package module it is, so that its own imports come from the same site/."""
+    """tenantnet.ops.runtime from the runtime's site/ (the code that will install this
+    runtime), imported as the package module it is (standard library only)."""
     site = (out / "site").resolve()
-    if not (site / "tenantnet" / "ops" / "install.py").is_file():
-        raise BuildError(f"no tenantnet/ops/install.py in {site}")
+    if not (site / "tenantnet" / "ops" / "runtime.py").is_file():
+        raise BuildError(f"no tenantnet/ops/runtime.py in {site}")
     if str(site) not in sys.path:
         sys.path.insert(0, str(site))
-    module = importlib.import_module("tenantnet.ops.install")
+    module = importlib.import_module("tenantnet.ops.runtime")
     loaded = Path(module.__file__ or "").resolve()
     # A caller that imported tenantnet already (the tests) keeps its copy: fine when it is
     # the same code as the runtime's.
-    wanted = site / "tenantnet" / "ops" / "install.py"
+    wanted = site / "tenantnet" / "ops" / "runtime.py"
     if not loaded.is_relative_to(site) and loaded.read_bytes() != wanted.read_bytes():
-        raise BuildError(f"tenantnet.ops.install was imported from {loaded}, which differs from {wanted}")
+        raise BuildError(f"tenantnet.ops.runtime was imported from {loaded}, which differs from {wanted}")
     return module
 
 

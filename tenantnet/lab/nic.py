@@ -30,7 +30,8 @@ from typing import Any
 from tenantnet.lab.nicsysfs import SimPf, write_representors, write_tree
 from tenantnet.lab.ovs import paths, vsctl
 from tenantnet.plugin.system import vfcontrol
-from tenantnet.plugin.system.vfcontrol import VfAttributeRefused, VfControl, VfState
+from tenantnet.plugin.system.vfcontrol import VfAttributeRefused, VfControl
+from tenantnet.plugin.system.vfstate import VfState
 
 ESW_BRIDGE = "br-esw0"
 # Lab VFs start as a fresh NIC's: no MAC, no VLAN, spoof checking off, not trusted.

@@ -24,8 +24,8 @@ from cni import version as cniversion
 from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.netconf import NetConf, parse_netconf, valid_attachments
-from cni.result import DNS, Interface, IPConfig, Result, Route
-from tenantnet.plugin import devinfo, faults, ipam_client, modes, tnconf
+from cni.result import Interface, Result
+from tenantnet.plugin import devinfo, faults, ipam_client, modes, results, tnconf
 from tenantnet.plugin.drivers import base as drivers
 from tenantnet.plugin.log import get as get_log
 from tenantnet.plugin.nodeconfig import NodeConfig
@@ -151,14 +151,14 @@ class Plugin:
             faults.step("add.ipam-done")
             if attached.has_netdev:
                 pod_state = netlink.configure_pod_interface(
-                    env.netns, attached.pod_ifname, _address_plan(ipam_result)
+                    env.netns, attached.pod_ifname, results.address_plan(ipam_result)
                 )
                 pod = Interface(name=pod_state.name, mac=pod_state.mac, mtu=pod_state.mtu,
                                 sandbox=env.netns, pci_id=attached.pci_id)
             else:
                 pod = Interface(name=attached.pod_ifname, sandbox=env.netns, pci_id=attached.pci_id)
             faults.step("add.pod-configured")
-            result = _assemble(conf.prev_result, attached.host, pod, ipam_result, tconf.dns)
+            result = results.assemble(conf.prev_result, attached.host, pod, ipam_result, tconf.dns)
             if pending is not None:
                 pending.result()  # the driver's background step: its failure fails the ADD
             record.phase = PHASE_READY
@@ -306,6 +306,7 @@ class Plugin:
             self._check(env, conf, tconf)
 
     def _check(self, env: CniEnv, conf: NetConf, tconf: tnconf.TenantnetConf) -> None:
+        assert conf.prev_result is not None, "check() refuses a config without prevResult"
         record = self._load(conf.name, env.container_id, env.ifname, env=env, conf=conf)
         if record is None or record.phase != PHASE_READY:
             raise CniError(Code.UNKNOWN_CONTAINER,
@@ -445,30 +446,3 @@ def _require_pod_netns(env: CniEnv) -> None:
     problem = pod_netns_problem(env.netns)
     if problem:
         raise CniError(Code.INVALID_ENV, f"invalid CNI_NETNS={env.netns!r}: {problem}")
-
-
-def _address_plan(result: Result) -> netlink.AddressPlan:
-    v4gw = next((ip.gateway for ip in result.ips if ip.gateway and ip.address.version == 4), None)
-    v6gw = next((ip.gateway for ip in result.ips if ip.gateway and ip.address.version == 6), None)
-    routes = []
-    for r in result.routes:
-        gw = r.gw or (v4gw if r.dst.version == 4 else v6gw)
-        routes.append((r.dst.with_prefixlen, str(gw) if gw else None))
-    return netlink.AddressPlan(addresses=[ip.address for ip in result.ips], routes=routes)
-
-
-def _assemble(prev: Result | None, host: Interface | None, pod: Interface, ipam: Result,
-              dns: DNS) -> Result:
-    """Our result, appended to a chained prevResult when there is one."""
-    base = prev or Result()
-    interfaces = list(base.interfaces)
-    if host is not None:
-        interfaces.append(host)
-    pod_index = len(interfaces)
-    interfaces.append(pod)
-    ips = list(base.ips) + [IPConfig(address=ip.address, gateway=ip.gateway, interface=pod_index)
-                            for ip in ipam.ips]
-    routes: list[Route] = list(base.routes) + list(ipam.routes)
-    chosen_dns = dns if not dns.empty() else (ipam.dns if not ipam.dns.empty() else base.dns)
-    return Result(interfaces=interfaces, ips=ips, routes=routes, dns=chosen_dns)
-

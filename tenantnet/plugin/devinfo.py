@@ -38,7 +38,8 @@ def read(path: str, directory: str) -> dict[str, Any]:
 def write(path: str, pci: dict[str, str], directory: str) -> dict[str, Any]:
     """Merge `pci` into the file at `path` (created if missing); returns what was written."""
     current = read(path, directory)
-    merged_pci = current.get("pci") if isinstance(current.get("pci"), dict) else {}
+    given = current.get("pci")
+    merged_pci: dict[str, Any] = given if isinstance(given, dict) else {}
     doc = {**current, "type": "pci", "version": SPEC_VERSION, "pci": {**merged_pci, **pci}}
     write_confined(FIELD, path, (directory,), json.dumps(doc, indent=2).encode(), mode=0o600)
     return doc

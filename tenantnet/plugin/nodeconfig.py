@@ -11,7 +11,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from cni.errors import CniError, Code
 from hostfiles.confined import plain_path_problem
@@ -164,38 +164,45 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             value = float(value)
         if not isinstance(value, typ) or (isinstance(value, bool) and typ is not bool):
             raise _bad(path, key, value, allowed)
+        # `typ` is a variable, so mypy leaves `value` an `object` after that check: each branch
+        # casts it to the type _KEYS gives its key, which the check just above established.
         if key == "ovsdb":
-            value = normalise_ovsdb_endpoint(value)
+            value = normalise_ovsdb_endpoint(cast(str, value))
             if value is None:
                 raise _bad(path, key, data[key], allowed)
-        elif key == "vfControl" and not (value == "netlink" or _VF_CONTROL.fullmatch(value)):
+        elif key == "vfControl" and not (value == "netlink" or _VF_CONTROL.fullmatch(cast(str, value))):
             raise _bad(path, key, value, allowed)
         elif key == "vfControlModules":
-            if not all(isinstance(v, str) and _MODULE.fullmatch(v) for v in value):
+            modules = cast("list[object]", value)
+            if not all(isinstance(v, str) and _MODULE.fullmatch(v) for v in modules):
                 raise _bad(path, key, value, allowed)
-            value = tuple(value)
+            value = tuple(modules)
         elif key in _PATH_KEYS and plain_path_problem(value):
             raise _bad(path, key, value, allowed)
         elif key in _PATH_LIST_KEYS:
-            if any(plain_path_problem(v) for v in value):
+            paths = cast("list[object]", value)
+            if any(plain_path_problem(v) for v in paths):
                 raise _bad(path, key, value, allowed)
-            value = tuple(value)
+            value = tuple(paths)
         elif key == "ovsdbEndpoints":
-            endpoints = [normalise_ovsdb_endpoint(v) if isinstance(v, str) else None for v in value]
+            given = cast("list[object]", value)
+            endpoints = [normalise_ovsdb_endpoint(v) if isinstance(v, str) else None for v in given]
             if None in endpoints:
                 raise _bad(path, key, value, allowed)
             value = tuple(e for e in endpoints if e)
         elif key == "offloadPreconditions":
-            known = set(value) <= set(PRECONDITIONS)
-            if not known or not all(v in ("warn", "refuse") for v in value.values()):
+            chosen = cast("dict[object, object]", value)
+            known = set(chosen) <= set(PRECONDITIONS)
+            if not known or not all(v in ("warn", "refuse") for v in chosen.values()):
                 raise _bad(path, key, value, allowed)
-            value = {**PRECONDITIONS, **value}
+            # Just checked: the keys are PRECONDITIONS names, the values "warn" or "refuse".
+            value = {**PRECONDITIONS, **cast("dict[str, str]", chosen)}
         elif key == "logLevel":
             try:
-                level_number(value)
+                level_number(cast(str, value))
             except KeyError:
                 raise _bad(path, key, value, allowed) from None
-        elif key == "ovsdbTimeout" and not 0.1 <= value <= 120:
+        elif key == "ovsdbTimeout" and not 0.1 <= cast(float, value) <= 120:
             raise _bad(path, key, value, allowed)
         values[attr] = value
     # The shim reads agentSocket without YAML (nodepath): one reading for both, or none.

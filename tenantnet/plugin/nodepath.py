@@ -35,7 +35,7 @@ def environb() -> Mapping[bytes, bytes]:
         return loaded.environb  # type: ignore[no-any-return]
     import posix
 
-    return posix.environ  # type: ignore[no-any-return]
+    return posix.environ
 
 
 def given(explicit: str | None = None, environ: Mapping[str, str] | Mapping[bytes, bytes] | None = None

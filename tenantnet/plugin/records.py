@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, fields
+from dataclasses import Field, dataclass, field, fields
 from typing import Any, ClassVar, TypeVar
 
 from cni.names import container_id_problem, ifname_problem, network_name_problem
@@ -76,7 +76,7 @@ class Plan:
         return cls(**values)
 
 
-def _key(f: Any) -> str:
+def _key(f: Field[Any]) -> str:
     given = f.metadata.get("key")
     if given:
         return str(given)
@@ -217,7 +217,7 @@ class RecordStore:
 
     def quarantined(self) -> list[str]:
         """Paths of quarantined records."""
-        out = []
+        out: list[str] = []
         for base, _, files in os.walk(self.quarantine_root):
             out.extend(os.path.join(base, f) for f in files)
         return sorted(out)

@@ -32,6 +32,7 @@ from typing import Any
 from cni.errors import CniError, Code
 
 _RANGE = re.compile(r"^\s*(\d{1,4})\s*-\s*(\d{1,4})\s*$")
+# `"vlan": "tenant"` in a NAD: the pod's tenant's VLAN on that network, resolved here.
 TENANT_VLAN = "tenant"
 
 

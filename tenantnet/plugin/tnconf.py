@@ -18,6 +18,7 @@ from cni.netconf import NetConf, ci_get
 from cni.result import DNS
 from tenantnet.plugin import settings
 from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.tenancy import TENANT_VLAN
 
 MODES = ("ovs", "sriov", "ovs-offload")
 _DNS_WORD = re.compile(r"[!-~]{1,253}")  # printable ASCII, no whitespace: a resolv.conf word
@@ -98,9 +99,6 @@ def _vlan_id(where: str, value: Any) -> int:
         raise invalid_config(where, value, 'must be a VLAN id, an integer from 0 to 4094 (or "tenant")'
                              if where == "vlan" else "must be a VLAN id, an integer from 0 to 4094")
     return value
-
-
-TENANT_VLAN = "tenant"
 
 
 def _vlan(raw: dict[str, Any]) -> int | None:
@@ -293,7 +291,7 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
 
 
 def _on_off(raw: dict[str, Any], key: str, default: bool) -> bool:
-    value = raw.get(key)
+    value: object = raw.get(key)
     if value is None:
         return default
     if value not in ("on", "off"):

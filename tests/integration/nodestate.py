@@ -121,7 +121,7 @@ def _link(d: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def lab_link_names(lab: Any) -> set[str]:
-    """The real links the lab's simulated NIC is made of (lab_nic.LabNic's state)."""
+    """The real links the lab's simulated NIC is made of (tenantnet.lab.nic.LabNic's state)."""
     names: set[str] = set()
     for pf_netdev, pf in LabNic(str(lab.root)).read_state().get("pfs", {}).items():
         names.update(filter(None, [pf_netdev, pf.get("uplinkPeer")]))

@@ -4,9 +4,9 @@ recovery: the whole node state (tests/integration/nodestate.py) is back to its b
 **The steps come from the code.** Every `faults.step("<literal>")` call under tenantnet/, cni/
 and ipam/ is found with `ast` (a non-literal argument fails the suite). Modes, by prefix:
 `add.` `record.` `ipam.` `del.` `gc.` → every mode; `ovs.` → ovs; `sriov.` → sriov and
-ovs-offload (its driver is the SR-IOV one plus a representor); `offload.` → ovs-offload. A
-step in a module-level driver function also reaches the modes of the driver modules that
-call it (`add_owned_port` in drivers/ovs.py is the representor's port transaction of
+ovs-offload (both drivers build on drivers/vf.py); `offload.` → ovs-offload. A step in a
+module-level driver function also reaches the modes of the driver modules that call it
+(`add_owned_port` in drivers/ovsport.py is the representor's port transaction of
 ovs-offload too). The one pair excluded: device-info steps in mode ovs (no device info
 there; `test_unreachable_pairs_stay_unreachable` proves it). Verbs: `add.` `record.` → ADD,
 `del.` → DEL and GC, `gc.` → GC, `ipam.` → all three; a driver step by where it is: under

@@ -24,6 +24,7 @@ import yaml
 
 from cni import version as cniversion
 from tenantnet.ops import install
+from tenantnet.ops import runtime as rtmod
 from tenantnet.ops.install import InstallError, Options
 from tenantnet.plugin import nodeconfig as config
 from tenantnet.plugin import nodepath
@@ -35,7 +36,7 @@ PACKAGING = REPO / "packaging"
 # ------------------------------------------------------------------------------ helpers
 
 
-def make_fake_runtime(path: Path, version: str = "0.1.0", payload: str = "v1") -> install.Runtime:
+def make_fake_runtime(path: Path, version: str = "0.1.0", payload: str = "v1") -> rtmod.Runtime:
     """A runtime directory with a valid manifest (not runnable: for file-level tests)."""
     (path / "bin").mkdir(parents=True)
     (path / "lib").mkdir()
@@ -49,15 +50,15 @@ def make_fake_runtime(path: Path, version: str = "0.1.0", payload: str = "v1") -
     for f in path.rglob("*"):
         if f.is_file() and not f.is_symlink():
             f.chmod(0o755 if f.parent.name == "bin" else 0o644)
-    digest, files = install.tree_digest(path)
+    digest, files = rtmod.tree_digest(path)
     manifest = {
         "format": 1, "name": "tenantnet", "version": version, "digest": digest,
         "python": "bin/python3.11", "loader": "lib/ld-linux-x86-64.so.2", "shell": "bin/sh",
         "entrypoints": {c: f"libexec/{c}" for c in ("tenantnet", "tenantnet-ipam", "tenantnetctl")},
         "files": files,
     }
-    (path / install.MANIFEST).write_text(json.dumps(manifest))
-    return install.load_runtime(path)
+    (path / rtmod.MANIFEST).write_text(json.dumps(manifest))
+    return rtmod.load_runtime(path)
 
 
 @pytest.fixture
@@ -71,11 +72,11 @@ def host(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def runtime(tmp_path: Path) -> install.Runtime:
+def runtime(tmp_path: Path) -> rtmod.Runtime:
     return make_fake_runtime(tmp_path / "image" / "runtime")
 
 
-def opts(host: Path, rt: install.Runtime, **kw: object) -> Options:
+def opts(host: Path, rt: rtmod.Runtime, **kw: object) -> Options:
     return Options(host_root=host, runtime_src=rt.path, **kw)  # type: ignore[arg-type]
 
 
@@ -95,22 +96,22 @@ def snapshot(root: Path) -> dict[str, tuple[int, int, bytes | str]]:
 
 
 def temp_leftovers(root: Path) -> list[Path]:
-    return [p for p in root.rglob("*") if p.name.startswith(install.TMP_PREFIX)]
+    return [p for p in root.rglob("*") if p.name.startswith(rtmod.TMP_PREFIX)]
 
 
 # ------------------------------------------------------------------------------ install
 
 
-def test_install_copies_runtime_and_writes_shims(host: Path, runtime: install.Runtime) -> None:
+def test_install_copies_runtime_and_writes_shims(host: Path, runtime: rtmod.Runtime) -> None:
     lines: list[str] = []
     assert install.install(opts(host, runtime), lines.append) is True
 
     rt_host = f"/opt/tenantnet/{runtime.name}"
     assert runtime.name == f"0.1.0-{runtime.digest[:12]}"
-    copied = install.load_runtime(host / rt_host.lstrip("/"))
-    assert install.verify(copied)
+    copied = rtmod.load_runtime(host / rt_host.lstrip("/"))
+    assert rtmod.verify(copied)
     assert (host / rt_host.lstrip("/") / "bin/sh").is_symlink()  # links stay links
-    for command in install.PLUGINS:
+    for command in rtmod.PLUGINS:
         shim = host / "opt/cni/bin" / command
         assert stat.S_IMODE(shim.stat().st_mode) == 0o755
         text = shim.read_text()
@@ -118,14 +119,14 @@ def test_install_copies_runtime_and_writes_shims(host: Path, runtime: install.Ru
         assert text.startswith(f"#!{rt_host}/bin/sh\n")
         assert f'"{rt_host}/libexec/{command}"' in text
         assert str(host) not in text
-        assert install.shim_runtime(shim) == rt_host
+        assert rtmod.shim_runtime(shim) == rt_host
     assert not (host / "opt/cni/bin/tenantnetctl").exists()   # plugins only, unless asked
     assert list((host / "etc/tenantnet").iterdir()) == []      # node config only when asked
     assert temp_leftovers(host) == []
     assert any("installed" in line for line in lines)
 
 
-def test_install_is_idempotent(host: Path, runtime: install.Runtime) -> None:
+def test_install_is_idempotent(host: Path, runtime: rtmod.Runtime) -> None:
     install.install(opts(host, runtime), lambda _: None)
     before = snapshot(host)
     lines: list[str] = []
@@ -135,7 +136,7 @@ def test_install_is_idempotent(host: Path, runtime: install.Runtime) -> None:
     assert "/opt/cni/bin/tenantnet: unchanged" in lines
 
 
-def test_refuses_missing_cni_bin_dir(host: Path, runtime: install.Runtime) -> None:
+def test_refuses_missing_cni_bin_dir(host: Path, runtime: rtmod.Runtime) -> None:
     shutil.rmtree(host / "opt/cni/bin")
     with pytest.raises(InstallError, match=r"CNI binary directory /opt/cni/bin .*does not exist; refusing"):
         install.install(opts(host, runtime), lambda _: None)
@@ -143,14 +144,14 @@ def test_refuses_missing_cni_bin_dir(host: Path, runtime: install.Runtime) -> No
     assert list((host / "opt/tenantnet").iterdir()) == []     # nothing written anywhere
 
 
-def test_refuses_missing_runtime_dir(host: Path, runtime: install.Runtime) -> None:
+def test_refuses_missing_runtime_dir(host: Path, runtime: rtmod.Runtime) -> None:
     shutil.rmtree(host / "opt/tenantnet")
     with pytest.raises(InstallError, match="runtime directory /opt/tenantnet .*does not exist"):
         install.install(opts(host, runtime), lambda _: None)
     assert sorted(p.name for p in (host / "opt/cni/bin").iterdir()) == ["bridge"]
 
 
-def test_cli_refusal_is_a_clear_message_and_exit_1(host: Path, runtime: install.Runtime,
+def test_cli_refusal_is_a_clear_message_and_exit_1(host: Path, runtime: rtmod.Runtime,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
     code = install.main(["--host-root", str(host), "--runtime-src", str(runtime.path),
                          "--cni-bin-dir", "/var/lib/rancher/k3s/data/current/bin"])
@@ -160,7 +161,7 @@ def test_cli_refusal_is_a_clear_message_and_exit_1(host: Path, runtime: install.
     assert "--cni-bin-dir" in err
 
 
-def test_refuses_a_runtime_that_does_not_match_its_manifest(host: Path, runtime: install.Runtime) -> None:
+def test_refuses_a_runtime_that_does_not_match_its_manifest(host: Path, runtime: rtmod.Runtime) -> None:
     (runtime.path / "libexec" / "tenantnet").write_text("# tampered\n")
     with pytest.raises(InstallError, match="does not match its own manifest"):
         install.install(opts(host, runtime), lambda _: None)
@@ -168,18 +169,18 @@ def test_refuses_a_runtime_that_does_not_match_its_manifest(host: Path, runtime:
     assert sorted(p.name for p in (host / "opt/cni/bin").iterdir()) == ["bridge"]
 
 
-def test_a_damaged_installed_runtime_is_replaced(host: Path, runtime: install.Runtime) -> None:
+def test_a_damaged_installed_runtime_is_replaced(host: Path, runtime: rtmod.Runtime) -> None:
     install.install(opts(host, runtime), lambda _: None)
     installed = host / "opt/tenantnet" / runtime.name
     (installed / "libexec" / "tenantnet").write_text("# damaged\n")
     lines: list[str] = []
     assert install.install(opts(host, runtime), lines.append) is True
-    assert install.verify(install.load_runtime(installed))
+    assert rtmod.verify(rtmod.load_runtime(installed))
     assert any("does not match its manifest; replacing" in line for line in lines)
     assert temp_leftovers(host) == []
 
 
-def test_a_failed_copy_leaves_nothing(host: Path, runtime: install.Runtime,
+def test_a_failed_copy_leaves_nothing(host: Path, runtime: rtmod.Runtime,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     real_copy2 = shutil.copy2
     calls = {"n": 0}
@@ -190,7 +191,7 @@ def test_a_failed_copy_leaves_nothing(host: Path, runtime: install.Runtime,
             raise OSError(28, "No space left on device")
         return real_copy2(src, dst, **kw)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(install.shutil, "copy2", failing_copy2)
+    monkeypatch.setattr(rtmod.shutil, "copy2", failing_copy2)
     with pytest.raises(OSError, match="No space"):
         install.install(opts(host, runtime), lambda _: None)
     assert list((host / "opt/tenantnet").iterdir()) == []      # no partial runtime, no temp dir
@@ -222,9 +223,9 @@ def test_atomic_write_renames_a_complete_synced_file(tmp_path: Path, monkeypatch
         seen["synced_before"] = len(synced)
         real_replace(src, dst)
 
-    monkeypatch.setattr(install.os, "fsync", fsync)
-    monkeypatch.setattr(install.os, "replace", replace)
-    assert install.atomic_write(target, b"new shim\n", 0o755) is True
+    monkeypatch.setattr(rtmod.os, "fsync", fsync)
+    monkeypatch.setattr(rtmod.os, "replace", replace)
+    assert rtmod.atomic_write(target, b"new shim\n", 0o755) is True
     assert seen == {"tmp_dir": tmp_path, "tmp_content": "new shim\n", "tmp_mode": 0o755,
                     "target_content": "old shim\n", "synced_before": 1}
     assert len(synced) == 2                  # the file, then the directory (the rename)
@@ -241,9 +242,9 @@ def test_atomic_write_failure_keeps_the_old_file_and_no_temp(tmp_path: Path,
     def fsync(fd: int) -> None:
         raise OSError(5, "Input/output error")
 
-    monkeypatch.setattr(install.os, "fsync", fsync)
+    monkeypatch.setattr(rtmod.os, "fsync", fsync)
     with pytest.raises(OSError):
-        install.atomic_write(target, b"new shim\n", 0o755)
+        rtmod.atomic_write(target, b"new shim\n", 0o755)
     assert target.read_text() == "old shim\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["tenantnet"]
 
@@ -252,21 +253,21 @@ def test_atomic_write_fixes_mode_and_skips_identical(tmp_path: Path) -> None:
     target = tmp_path / "f"
     target.write_bytes(b"same")
     target.chmod(0o644)
-    assert install.atomic_write(target, b"same", 0o755) is True    # mode differs: rewritten
+    assert rtmod.atomic_write(target, b"same", 0o755) is True    # mode differs: rewritten
     inode = target.stat().st_ino
-    assert install.atomic_write(target, b"same", 0o755) is False
+    assert rtmod.atomic_write(target, b"same", 0o755) is False
     assert target.stat().st_ino == inode
 
 
-def test_shims_come_after_the_runtime(host: Path, runtime: install.Runtime,
+def test_shims_come_after_the_runtime(host: Path, runtime: rtmod.Runtime,
                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """When a shim appears, the runtime it names is already complete under its final name."""
-    real = install.atomic_write
+    real = rtmod.atomic_write
     checked: list[str] = []
 
     def atomic_write(path: Path, data: bytes, mode: int) -> bool:
-        rt = install.shim_runtime_text(data.decode())
-        assert rt is not None and install.verify(install.load_runtime(host / rt.lstrip("/")))
+        rt = rtmod.shim_runtime_text(data.decode())
+        assert rt is not None and rtmod.verify(rtmod.load_runtime(host / rt.lstrip("/")))
         checked.append(path.name)
         return real(path, data, mode)
 
@@ -285,7 +286,7 @@ def test_upgrade_switches_shims_keeps_previous_prunes_older(host: Path, tmp_path
     rtdir = host / "opt/tenantnet"
     install.install(opts(host, v1), lambda _: None)
     install.install(opts(host, v2), lambda _: None)
-    assert install.shim_runtime(host / "opt/cni/bin/tenantnet") == f"/opt/tenantnet/{v2.name}"
+    assert rtmod.shim_runtime(host / "opt/cni/bin/tenantnet") == f"/opt/tenantnet/{v2.name}"
     # v1 stays: a plugin exec'd just before the switch may still be importing from it
     assert sorted(p.name for p in rtdir.iterdir()) == sorted([v1.name, v2.name])
     lines: list[str] = []
@@ -305,7 +306,7 @@ def test_same_version_rebuilt_gets_its_own_directory(host: Path, tmp_path: Path)
     assert snapshot(host / "opt/tenantnet" / a.name) == installed_a
 
 
-def test_uninstall_removes_exactly_what_was_installed(host: Path, runtime: install.Runtime,
+def test_uninstall_removes_exactly_what_was_installed(host: Path, runtime: rtmod.Runtime,
                                                       tmp_path: Path) -> None:
     (host / "opt/tenantnet/README.site").write_text("the operator's own file")
     cm = tmp_path / "cm.yaml"
@@ -313,7 +314,7 @@ def test_uninstall_removes_exactly_what_was_installed(host: Path, runtime: insta
     before = snapshot(host)
     install.install(opts(host, runtime, node_config=cm), lambda _: None)
     # a crash of an earlier run left a temp file: ours by name, so removed too
-    (host / "opt/cni/bin" / f"{install.TMP_PREFIX}tenantnet-x").write_text("partial")
+    (host / "opt/cni/bin" / f"{rtmod.TMP_PREFIX}tenantnet-x").write_text("partial")
     lines: list[str] = []
     assert install.uninstall(opts(host, runtime, remove_node_config=True), lines.append) is True
     assert snapshot(host) == before
@@ -323,7 +324,7 @@ def test_uninstall_removes_exactly_what_was_installed(host: Path, runtime: insta
 
 
 def test_uninstall_keeps_node_config_unless_asked_and_foreign_files(host: Path,
-                                                                    runtime: install.Runtime,
+                                                                    runtime: rtmod.Runtime,
                                                                     tmp_path: Path) -> None:
     cm = tmp_path / "cm.yaml"
     cm.write_text("logLevel: info\n")
@@ -340,7 +341,7 @@ def test_uninstall_keeps_node_config_unless_asked_and_foreign_files(host: Path,
 # --------------------------------------------------------------------------- node config
 
 
-def test_node_config_written_only_when_asked_and_validated(host: Path, runtime: install.Runtime,
+def test_node_config_written_only_when_asked_and_validated(host: Path, runtime: rtmod.Runtime,
                                                            tmp_path: Path) -> None:
     good = tmp_path / "good.yaml"
     good.write_text("ovsdb: unix:/run/openvswitch/db.sock\nlogLevel: debug\n")
@@ -358,7 +359,7 @@ def test_node_config_written_only_when_asked_and_validated(host: Path, runtime: 
     assert dest.read_text() == good.read_text()     # the good one stays
 
 
-def test_status(host: Path, runtime: install.Runtime) -> None:
+def test_status(host: Path, runtime: rtmod.Runtime) -> None:
     lines: list[str] = []
     assert install.status(opts(host, runtime), lines.append) is False
     install.install(opts(host, runtime), lambda _: None)
@@ -370,14 +371,14 @@ def test_status(host: Path, runtime: install.Runtime) -> None:
     assert "lacks lib/ld-linux-x86-64.so.2" in lines[-1]
 
 
-def test_unsafe_runtime_paths_refused(runtime: install.Runtime) -> None:
+def test_unsafe_runtime_paths_refused(runtime: rtmod.Runtime) -> None:
     with pytest.raises(InstallError, match="absolute path"):
-        install.shim_text(runtime, "/opt/my tenantnet/x", "tenantnet")
+        rtmod.shim_text(runtime, "/opt/my tenantnet/x", "tenantnet")
     with pytest.raises(InstallError, match="too long"):
-        install.shim_text(runtime, "/" + "a" * 130, "tenantnet")
+        rtmod.shim_text(runtime, "/" + "a" * 130, "tenantnet")
 
 
-def test_register_adds_install_to_a_subparsers_object(host: Path, runtime: install.Runtime,
+def test_register_adds_install_to_a_subparsers_object(host: Path, runtime: rtmod.Runtime,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     parser = argparse.ArgumentParser(prog="tenantnetctl")
     parser.add_argument("--node-config")      # tenantnetctl's own global option
@@ -394,7 +395,7 @@ def test_register_adds_install_to_a_subparsers_object(host: Path, runtime: insta
     assert args.func(args) == 2
 
 
-def test_wait_stays_resident_until_sigterm(host: Path, runtime: install.Runtime) -> None:
+def test_wait_stays_resident_until_sigterm(host: Path, runtime: rtmod.Runtime) -> None:
     """The DaemonSet's main container: check, then sleep until SIGTERM, then exit 0 at once."""
     install.install(opts(host, runtime), lambda _: None)
     proc = subprocess.Popen([sys.executable, "-m", "tenantnet.ops.install", "--host-root", str(host),
@@ -432,7 +433,7 @@ def _can_build() -> str | None:
 
 
 @pytest.fixture(scope="module")
-def real_runtime(tmp_path_factory: pytest.TempPathFactory) -> install.Runtime:
+def real_runtime(tmp_path_factory: pytest.TempPathFactory) -> rtmod.Runtime:
     reason = _can_build()
     if reason:
         # `make test` installs busybox-static and python3.11: missing means a broken setup.
@@ -448,7 +449,7 @@ def real_runtime(tmp_path_factory: pytest.TempPathFactory) -> install.Runtime:
                         compile_bytecode=False,
                         self_check_imports=("ssl", "sqlite3", "ctypes", "cni.skel", "tenantnet.entry.ipam",
                                             "tenantnet.entry.plugin", "tenantnet.ops.install"))
-    return install.load_runtime(out)
+    return rtmod.load_runtime(out)
 
 
 def _run_version(exe: Path) -> subprocess.CompletedProcess[str]:
@@ -457,9 +458,9 @@ def _run_version(exe: Path) -> subprocess.CompletedProcess[str]:
                           capture_output=True, text=True, timeout=60)
 
 
-def test_built_runtime_is_complete(real_runtime: install.Runtime) -> None:
+def test_built_runtime_is_complete(real_runtime: rtmod.Runtime) -> None:
     m = real_runtime.manifest
-    assert install.verify(real_runtime)
+    assert rtmod.verify(real_runtime)
     lib = real_runtime.path / "lib"
     for name in ("libc.so.6", "libgcc_s.so.1", "librt.so.1", Path(m["loader"]).name):
         assert (lib / name).is_file(), name
@@ -468,7 +469,7 @@ def test_built_runtime_is_complete(real_runtime: install.Runtime) -> None:
     assert m["glibc"] and m["arch"]
 
 
-def test_installed_shims_exec_the_copied_runtime(real_runtime: install.Runtime, host: Path,
+def test_installed_shims_exec_the_copied_runtime(real_runtime: rtmod.Runtime, host: Path,
                                                  tmp_path: Path) -> None:
     # the host's paths are the real ones here (no --host-root): the shim names tmp_path dirs
     bin_dir, rt_dir = tmp_path / "cni-bin", tmp_path / "opt-tenantnet"
@@ -480,7 +481,7 @@ def test_installed_shims_exec_the_copied_runtime(real_runtime: install.Runtime, 
     moved = real_runtime.path.with_name("runtime-moved-away")
     real_runtime.path.rename(moved)
     try:
-        for command in install.PLUGINS:
+        for command in rtmod.PLUGINS:
             proc = _run_version(bin_dir / command)
             assert proc.returncode == 0, proc.stderr
             assert json.loads(proc.stdout) == cniversion.version_info()
@@ -488,11 +489,11 @@ def test_installed_shims_exec_the_copied_runtime(real_runtime: install.Runtime, 
     finally:
         moved.rename(real_runtime.path)
     # running it wrote nothing into the runtime (-B): its digest still holds
-    assert install.verify(install.load_runtime(rt_dir / real_runtime.name))
+    assert rtmod.verify(rtmod.load_runtime(rt_dir / real_runtime.name))
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="needs root and unshare")
-def test_shim_runs_with_the_hosts_python_libc_and_shell_hidden(real_runtime: install.Runtime,
+def test_shim_runs_with_the_hosts_python_libc_and_shell_hidden(real_runtime: rtmod.Runtime,
                                                                tmp_path: Path) -> None:
     """A host with no Python, no glibc, no shell, no ld.so.cache: the shim still answers."""
     bin_dir, rt_dir, empty = tmp_path / "bin", tmp_path / "rt", tmp_path / "empty"

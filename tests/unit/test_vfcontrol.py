@@ -22,16 +22,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tenantnet.plugin.system.netlink import LinkNotFound, NetlinkProblem
-from tenantnet.plugin.system.vfcontrol import (
-    VF_FIELDS,
-    NetlinkVfControl,
-    VfAttributeRefused,
-    VfControl,
-    VfState,
-    encode_vf_request,
-    parse_vfinfo,
-    vf_request,
-)
+from tenantnet.plugin.system.vfcontrol import NetlinkVfControl, VfAttributeRefused, VfControl
+from tenantnet.plugin.system.vfstate import VF_FIELDS, VfState, encode_vf_request, parse_vfinfo, vf_request
 
 # --- include/uapi/linux/rtnetlink.h, netlink.h ---
 RTM_NEWLINK = 16

@@ -6,7 +6,9 @@ findings with a fix each, the hook through which other checks add findings, and
 `attachment_offload` for CHECK with `"offloadCheck": "require"`. Text formats are in
 `flows.py`, process calls in `source.py`, output formats in `render.py`.
 
-The OVS port of an attachment is the one its plan names (drivers/ovsport.py: the
+One module on purpose (≈ 470 lines): the report's model, the attribution of flows to
+attachments and the findings all read the same objects, and each part alone would import
+the other two. The OVS port of an attachment is the one its plan names (drivers/ovsport.py: the
 representor for ovs-offload, the veth's host end for ovs). Datapath flows exist only while
 traffic hits them (OVS expires them after ~10 s idle), so the counters here are those of
 the flows present now — a snapshot, not a running total.

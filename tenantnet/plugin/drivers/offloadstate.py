@@ -96,12 +96,12 @@ def port_offload(node: Any, port: str | None, appctl_target: str | None = None,
                  timeout: float | None = None) -> OffloadSummary:
     """The offload state of the flows through `port` now. Never raises for OVS trouble:
     `error` says it."""
-    timeout = timeout or getattr(node, "ovsdb_timeout", dpctl.DEFAULT_TIMEOUT)
+    wait: float = timeout if timeout else getattr(node, "ovsdb_timeout", dpctl.DEFAULT_TIMEOUT)
     flows: list[DpFlow] = []
     types: list[str] = []
     error = None
     try:
-        for dp in dpctl.read_datapaths(dpctl.find_target(node.ovsdb, appctl_target).path, timeout):
+        for dp in dpctl.read_datapaths(dpctl.find_target(node.ovsdb, appctl_target).path, wait):
             dump = parse_dump_flows(dp.text)
             resolve_ports(dump.flows, dp.ports)
             types.append(dp.type)

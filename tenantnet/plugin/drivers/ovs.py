@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
@@ -41,7 +41,7 @@ class OvsPlan(PortPlan):
 
 class OvsDriver(Driver):
     mode = "ovs"
-    plan_type = OvsPlan
+    plan_type: ClassVar[type[OvsPlan]] = OvsPlan
 
     def plan(self, conf: TenantnetConf, env: CniEnv, records: RecordStore | None = None) -> OvsPlan:
         assert conf.ovs is not None

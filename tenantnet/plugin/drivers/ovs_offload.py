@@ -12,7 +12,7 @@ node config says per precondition whether a miss warns (default) or refuses.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
@@ -32,7 +32,7 @@ from tenantnet.plugin.system.sysfs import (
     representor_from_devlink,
     vf_of_representor,
 )
-from tenantnet.plugin.system.vfcontrol import VfState
+from tenantnet.plugin.system.vfstate import VfState
 from tenantnet.plugin.tnconf import TenantnetConf
 
 
@@ -68,7 +68,7 @@ class OffloadPlan(VfPlan, PortPlan):
 
 class OvsOffloadDriver(VfDriver):
     mode = "ovs-offload"
-    plan_type = OffloadPlan
+    plan_type: ClassVar[type[OffloadPlan]] = OffloadPlan
     # In switchdev mode the PF sets only the admin MAC; the rest is the representor's port.
     pf_fields = ("mac",)
 

@@ -11,9 +11,11 @@ has nothing of this mode's to probe.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from tenantnet.plugin.drivers.vf import VfDriver, VfPlan
 
 
 class SriovDriver(VfDriver):
     mode = "sriov"
-    plan_type = VfPlan
+    plan_type: ClassVar[type[VfPlan]] = VfPlan

@@ -18,7 +18,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
@@ -28,7 +28,8 @@ from tenantnet.plugin.records import AttachmentRecord, CorruptRecord, Plan, Reco
 from tenantnet.plugin.system import netlink, vfcontrol
 from tenantnet.plugin.system.netns import netns_exists
 from tenantnet.plugin.system.sysfs import Sysfs, SysfsError, VirtualFunction
-from tenantnet.plugin.system.vfcontrol import VfAttributeRefused, VfControl, VfState
+from tenantnet.plugin.system.vfcontrol import VfAttributeRefused, VfControl
+from tenantnet.plugin.system.vfstate import VfState
 from tenantnet.plugin.tnconf import TenantnetConf
 
 # The VF state a record-less DEL restores: the fail-safe one.
@@ -97,11 +98,13 @@ def _differs(field: str, a: VfState, b: VfState) -> bool:
         return (a.vlan, a.qos, a.proto) != (b.vlan, b.qos, b.proto)
     if field == "rate":
         return (a.min_tx_rate, a.max_tx_rate) != (b.min_tx_rate, b.max_tx_rate)
-    return getattr(a, field) != getattr(b, field)
+    before: object = getattr(a, field)
+    after: object = getattr(b, field)
+    return before != after
 
 
 class VfDriver(Driver):
-    plan_type: type[VfPlan] = VfPlan
+    plan_type: ClassVar[type[VfPlan]] = VfPlan
     # The VF attributes this mode manages through the PF (and so restores on DEL).
     pf_fields: tuple[str, ...] = _FIELDS
 

@@ -117,9 +117,9 @@ def install() -> bool:
 
     if ovs.json.PARSER == ovs.json.PARSER_C:
         return getattr(ovs, "_json", None) is _SLOT
-    ovs._json = _SLOT  # type: ignore[attr-defined]
+    ovs._json = _SLOT
     # ovs.json names the package only through its failed `import ovs._json`.
-    ovs.json.ovs = ovs  # type: ignore[attr-defined]
+    ovs.json.ovs = ovs
     ovs.json.PARSER = ovs.json.PARSER_C
     return True
 

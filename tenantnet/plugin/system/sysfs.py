@@ -222,7 +222,8 @@ class Sysfs:
         own = [n for n in names
                if representor_vf_index(_read_attribute(os.path.join(net, n, "phys_port_name")) or "-")
                is None]
-        return (own or names or [None])[0]
+        candidates = own or names
+        return candidates[0] if candidates else None
 
     def _first(self, directory: str) -> str | None:
         names = self._names(directory)
