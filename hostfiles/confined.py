@@ -7,8 +7,9 @@ here: it must be a plain absolute path (no `..`, `.`, `//`, NUL, trailing `/`) e
 below one of the directories the admin allows, and the file itself is opened with
 `O_NOFOLLOW | O_NONBLOCK` and checked to be a regular file before a byte is read or written
 — so a symlink, FIFO, device or directory is refused without blocking, and a read stops at
-a bound. This is I/O, unlike the rest of `cni/`, because both plugins of the project (the
-main one and the IPAM one) need exactly the same rules.
+a bound. A layer of its own between `cni/` (which stays pure) and `ipam/` + the plugin
+wing, because both plugins of the project (the main one and the IPAM one) need exactly the
+same rules.
 """
 
 from __future__ import annotations

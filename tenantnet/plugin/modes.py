@@ -1,7 +1,8 @@
 """The attachment modes: which driver serves each, and the plan type its records carry.
 
 Adding a mode means writing its driver (tenantnet/plugin/drivers/, one module that owns
-the mode) and a line in `_DRIVERS` — nothing else changes. Drivers are imported only when
+the mode), a line in `_DRIVERS`, and the mode's name (and any new config fields it reads)
+in tnconf, whose MODES a unit test holds equal to these. Drivers are imported only when
 their mode is used: a node that runs only `ovs` never imports the VF code.
 """
 

@@ -20,6 +20,8 @@ from tenantnet.plugin import settings
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.tenancy import TENANT_VLAN
 
+# The modes a config may name; tenantnet/plugin/modes.py has a driver for each (a unit test
+# checks that the two agree).
 MODES = ("ovs", "sriov", "ovs-offload")
 _DNS_WORD = re.compile(r"[!-~]{1,253}")  # printable ASCII, no whitespace: a resolv.conf word
 _BRIDGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}")  # fullmatch ("$" allows a final "\n")

@@ -1,8 +1,8 @@
 """A SIGKILL at every named crash point of ADD, DEL and GC, in every mode, then the runtime's
 recovery: the whole node state (tests/integration/nodestate.py) is back to its baseline.
 
-**The steps come from the code.** Every `faults.step("<literal>")` call under tenantnet/, cni/
-and ipam/ is found with `ast` (a non-literal argument fails the suite). Modes, by prefix:
+**The steps come from the code.** Every `faults.step("<literal>")` call under tenantnet/, cni/,
+hostfiles/ and ipam/ is found with `ast` (a non-literal argument fails the suite). Modes, by prefix:
 `add.` `record.` `ipam.` `del.` `gc.` → every mode; `ovs.` → ovs; `sriov.` → sriov and
 ovs-offload (both drivers build on drivers/vf.py); `offload.` → ovs-offload. A step in a
 module-level driver function also reaches the modes of the driver modules that call it

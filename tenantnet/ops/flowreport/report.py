@@ -3,8 +3,9 @@
 This module owns the *meaning*: which flows belong to which attachment (in_port or an
 output is the attachment's OVS port), per-attachment and per-tenant totals, node-level
 findings with a fix each, the hook through which other checks add findings, and
-`attachment_offload` for CHECK with `"offloadCheck": "require"`. Text formats are in
-`flows.py`, process calls in `source.py`, output formats in `render.py`.
+`attachment_offload` (what CHECK with `"offloadCheck": "require"` sees). Text formats are
+in `plugin/system/dpflows.py`, process calls in `plugin/system/dpctl.py`, output formats in
+`render.py`.
 
 One module on purpose (≈ 470 lines): the report's model, the attribution of flows to
 attachments and the findings all read the same objects, and each part alone would import
