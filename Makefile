@@ -15,6 +15,9 @@ all: test
 deps:
 	@bash scripts/install-deps.sh
 
+LINT_VENV  := .venv-lint
+LINT_STAMP := $(LINT_VENV)/.installed
+
 $(STAMP): pyproject.toml
 	@echo "==> creating $(VENV) with tenantnet and its Python dependencies"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,15 +28,22 @@ $(STAMP): pyproject.toml
 
 venv: $(STAMP)
 
+$(LINT_STAMP): pyproject.toml
+	@echo "==> creating $(LINT_VENV) with the type and layer checkers"
+	@test -x $(LINT_VENV)/bin/python || $(PYTHON) -m venv $(LINT_VENV)
+	@$(LINT_VENV)/bin/pip install -q --disable-pip-version-check --config-settings editable_mode=compat -e '.[lint]' \
+		>$(LINT_VENV)/pip.log 2>&1 || { cat $(LINT_VENV)/pip.log; exit 1; }
+	@touch $(LINT_STAMP)
+
 demo: deps venv
 	@bash scripts/demo.sh
 
 # ruff; the layer rules (import-linter contracts in pyproject.toml); strict typing of the
 # protocol, the address store and the plugin wing.
-lint: venv
+lint: venv $(LINT_STAMP)
 	$(VENV)/bin/ruff check cni hostfiles ipam tenantnet tests bench packaging
-	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/mypy cni hostfiles ipam tenantnet/plugin
+	$(LINT_VENV)/bin/lint-imports --no-cache
+	$(LINT_VENV)/bin/mypy cni hostfiles ipam tenantnet/plugin
 
 unit: venv
 	$(VENV)/bin/pytest -q tests/unit
@@ -52,4 +62,4 @@ bench: deps venv
 	$(PY) bench/bench_agent.py --out docs/benchmarks.md
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache *.egg-info
+	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info

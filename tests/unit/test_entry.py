@@ -72,3 +72,11 @@ def test_env_error_is_written_in_the_configs_version():
     code, out = skel.run(lambda e, r: None, {"CNI_COMMAND": "DEL"}, b'{"cniVersion": "1.0.0"}')
     err = json.loads(out)
     assert code == 1 and err["code"] == 4 and err["cniVersion"] == "1.0.0"
+
+
+def test_the_plugins_environment_has_no_rich():
+    """structlog imports `rich` whenever it is installed (≈ 50 ms on every in-process call and
+    every agent start); the lint tools that pull it in live in .venv-lint, not here."""
+    proc = subprocess.run([sys.executable, "-c", "import sys, structlog; print('rich' in sys.modules)"],
+                          capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "False"
