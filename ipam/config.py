@@ -111,12 +111,20 @@ class RangeSet(NamedTuple):
         return ", ".join(r.describe() for r in self.ranges)
 
 
+class ClusterSettings(NamedTuple):
+    """`ipam.cluster`: the pool is shared by every node in per-node blocks (ipam/cluster.py)."""
+
+    block_size: int = 26  # the prefix length of an IPv4 block
+    block_size_v6: int = 122
+
+
 class IpamConfig(NamedTuple):
     range_sets: tuple[RangeSet, ...]
     dns: DNS
     routes: tuple[Route, ...] = ()
     data_dir: str = DEFAULT_DATA_DIR
     resolv_conf: str = ""
+    cluster: ClusterSettings | None = None
 
 
 # ---- helpers -------------------------------------------------------------------------
@@ -399,7 +407,28 @@ def parse_ipam(ipam: Any) -> IpamConfig:
         dns=_dns(obj.get("dns")),
         data_dir=data_dir,
         resolv_conf=resolv,
+        cluster=_cluster(obj.get("cluster")),
     )
+
+
+def _cluster(raw: Any) -> ClusterSettings | None:
+    if raw is None:
+        return None
+    obj = _object("ipam.cluster", raw)
+    unknown = set(obj) - {"blockSize", "blockSizeV6"}
+    if unknown:
+        name = sorted(unknown)[0]
+        raise invalid_config(f"ipam.cluster.{name}", obj[name], "unknown field (known: blockSize, "
+                             "blockSizeV6)")
+    settings = ClusterSettings()
+    for key, attr, low, high in (("blockSize", "block_size", 16, 30),
+                                 ("blockSizeV6", "block_size_v6", 64, 126)):
+        value = obj.get(key, getattr(settings, attr))
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise invalid_config(f"ipam.cluster.{key}", value,
+                                 f"must be a prefix length from {low} to {high}")
+        settings = settings._replace(**{attr: value})
+    return settings
 
 
 def static_requests(sources: Iterator[tuple[str, Any]]) -> list[IPAddress]:

@@ -16,17 +16,21 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
+from typing import TYPE_CHECKING
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.netconf import NetConf
-from cni.result import DNS, IPConfig, Result
+from cni.result import DNS, IPAddress, IPConfig, Result
 from hostfiles.confined import confined_dir
 from ipam import allocator
 from ipam.config import Confinement, IpamConfig, data_dir_of, parse_ipam, static_requests
 from ipam.sqlite_store import DB_NAME, SqliteStore
 from ipam.store import Allocation, Store, release_owner
 from ipam.store import gc as store_gc
+
+if TYPE_CHECKING:
+    from ipam.cluster import ClusterNode
 
 _stores: dict[str, SqliteStore] = {}
 _stores_pid = os.getpid()
@@ -96,15 +100,19 @@ def _owner(env: CniEnv, conf: NetConf) -> allocator.Owner:
     )
 
 
-def add(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> Result:
+def add(env: CniEnv, conf: NetConf, limits: Confinement | None = None,
+        cluster_node: ClusterNode | None = None) -> Result:
     cfg = parse_ipam(conf.ipam)
     requested = _requested(env, conf)
     data_dir = _data_dir(conf.ipam, limits)
     dns = _dns(cfg, limits)  # read resolvConf before recording anything: its errors are config errors
     store = open_store(data_dir)
     assert store is not None
-    with store.transaction() as txn:
-        grants = allocator.allocate(txn, cfg, _owner(env, conf), requested)
+    if cfg.cluster is None:
+        with store.transaction() as txn:
+            grants = allocator.allocate(txn, cfg, _owner(env, conf), requested)
+    else:
+        grants = _allocate_in_blocks(store, cfg, env, conf, requested, data_dir, cluster_node)
     ips = [
         IPConfig(
             address=ipaddress.ip_interface(f"{g.address}/{g.range.subnet.prefixlen}"),
@@ -113,6 +121,37 @@ def add(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> Result
         for g in grants
     ]
     return Result(ips=ips, routes=list(cfg.routes), dns=dns)
+
+
+def _allocate_in_blocks(store: Store, cfg: IpamConfig, env: CniEnv, conf: NetConf,
+                        requested: list[IPAddress], data_dir: str,
+                        node: ClusterNode | None) -> list[allocator.Grant]:
+    """Cluster mode: allocate in the node-local store from blocks this node owns, claiming
+    a block (one etcd transaction, outside the store's lock) when a range set has no room."""
+    assert cfg.cluster is not None
+    if node is None:
+        raise CniError(Code.INVALID_CONFIG, f"invalid network config: ipam.cluster: network {conf.name!r} "
+                                            "is cluster-wide, and this node config names no cluster store "
+                                            "(etcdEndpoints)")
+    if requested:
+        raise CniError(Code.UNSUPPORTED_FIELD, "unsupported field: static addresses (runtimeConfig.ips, "
+                                               "IP=, args.cni.ips) are not yet reserved cluster-wide: not "
+                                               f"allowed on network {conf.name!r}, which has ipam.cluster")
+    from ipam import cluster  # only networks in cluster mode pay for the etcd client's imports
+
+    ledger = cluster.Ledger(node, conf.name, data_dir, cfg.cluster)
+    owner = _owner(env, conf)
+    for _ in range(len(cfg.range_sets) * 4 + 1):
+        mine = cluster.restrict(cfg, ledger.owned())
+        with store.transaction() as txn:
+            held = txn.owned_by(conf.name, env.container_id, env.ifname)
+            short = [] if held else [idx for idx, rs in enumerate(mine.range_sets)
+                                     if not rs.ranges or allocator.next_free(txn, conf.name, idx, rs) is None]
+            if not short:
+                return allocator.allocate(txn, mine, owner, requested)
+        ledger.claim(cfg.range_sets[short[0]])
+    raise CniError(Code.TRY_AGAIN_LATER, f"network {conf.name!r}: the blocks claimed for this node filled "
+                                         "up as fast as they were claimed; try again")
 
 
 def delete(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> None:

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from typing import Any
 
     from cni.env import CniEnv
+    from ipam.cluster import ClusterNode
     from ipam.config import Confinement
     from tenantnet.plugin.nodeconfig import NodeConfig
 
@@ -29,14 +30,16 @@ def confinement(node: NodeConfig) -> Confinement | None:
     return ipam_client.confinement(node)
 
 
-def handle(env: CniEnv, raw: dict[str, Any], limits: Confinement | None = None) -> dict[str, Any] | None:
-    """One IPAM call; `limits` None means ipam.config's built-in confinement."""
+def handle(env: CniEnv, raw: dict[str, Any], limits: Confinement | None = None,
+           cluster: ClusterNode | None = None) -> dict[str, Any] | None:
+    """One IPAM call; `limits` None means ipam.config's built-in confinement, `cluster` None
+    a node without a cluster store."""
     from cni.netconf import parse_netconf, valid_attachments
     from ipam import plugin
 
     conf = parse_netconf(raw)
     if env.command == "ADD":
-        return plugin.add(env, conf, limits).to_dict(conf.cni_version, ipam=True)
+        return plugin.add(env, conf, limits, cluster).to_dict(conf.cni_version, ipam=True)
     if env.command == "DEL":
         plugin.delete(env, conf, limits)
     elif env.command == "CHECK":
@@ -60,7 +63,10 @@ def run_call(environ: Mapping[str, str], stdin: bytes, node: Callable[[], NodeCo
     from cni import skel
 
     def handler(env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
-        return handle(env, raw, confinement(node()))
+        from tenantnet.plugin import ipam_client
+
+        config = node()
+        return handle(env, raw, confinement(config), ipam_client.cluster_node(config))
 
     return skel.run(handler, environ, stdin, on_unexpected=log_unexpected)
 

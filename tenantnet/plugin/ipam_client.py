@@ -56,6 +56,19 @@ def confinement(node: Any) -> Any:
     return Confinement(node.ipam_data_dirs, node.resolv_conf_paths)
 
 
+def cluster_node(node: Any) -> Any:
+    """This node in tenantnet-ipam's cluster store (an ipam.cluster.ClusterNode), or None when
+    the node config names no etcd (networks with ipam.cluster are then refused)."""
+    if not node.etcd_endpoints:
+        return None
+    from ipam.cluster import ClusterNode, default_node_name
+    from ipam.etcd import EtcdConfig
+
+    etcd = EtcdConfig(node.etcd_endpoints, node.etcd_ca_file, node.etcd_cert_file, node.etcd_key_file,
+                      node.etcd_timeout)
+    return ClusterNode(node.node_name or default_node_name(), etcd, node.etcd_prefix)
+
+
 def _is_tenantnet(candidate: str, cni_path: tuple[str, ...]) -> bool:
     """Is `candidate` the tenantnet plugin itself under another name (a link or copy)?"""
     for directory in cni_path:
@@ -170,7 +183,7 @@ def _in_process(call: IpamCall, conf_raw: dict[str, Any], node: Any) -> Result |
     conf = parse_netconf(conf_raw)
     limits = confinement(node)
     if call.command == "ADD":
-        return plugin.add(env, conf, limits)
+        return plugin.add(env, conf, limits, cluster_node(node))
     if call.command == "DEL":
         plugin.delete(env, conf, limits)
     elif call.command == "CHECK":

@@ -62,6 +62,14 @@ class NodeConfig:
     ipam_data_dirs: tuple[str, ...] = DEFAULT_IPAM_DATA_DIRS
     # OVSDB endpoints a NAD's socket_file may name, besides `ovsdb`.
     ovsdb_endpoints: tuple[str, ...] = ()
+    # Cluster mode of tenantnet-ipam (docs/ipam.md): this node's name and the cluster store.
+    node_name: str | None = None  # default: the host name
+    etcd_endpoints: tuple[str, ...] = ()
+    etcd_ca_file: str | None = None
+    etcd_cert_file: str | None = None
+    etcd_key_file: str | None = None
+    etcd_prefix: str = "/tenantnet/"
+    etcd_timeout: float = 2.0
     source: str = "(defaults)"
 
     @property
@@ -100,6 +108,15 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                      "a list of absolute directories a NAD's ipam.dataDir may name or be below"),
     "ovsdbEndpoints": ("ovsdb_endpoints", list,
                        "a list of OVSDB endpoints (unix:/path, tcp:host:port) a NAD's socket_file may name"),
+    "nodeName": ("node_name", str, "this node's name in the cluster (a DNS name; the DaemonSet passes "
+                                   "spec.nodeName)"),
+    "etcdEndpoints": ("etcd_endpoints", list, "a list of etcd client URLs (http://host:port or https://)"),
+    "etcdCaFile": ("etcd_ca_file", str, "an absolute path of the CA bundle etcd's certificate is checked "
+                                        "against"),
+    "etcdCertFile": ("etcd_cert_file", str, "an absolute path of this node's client certificate for etcd"),
+    "etcdKeyFile": ("etcd_key_file", str, "an absolute path of the key of etcdCertFile"),
+    "etcdPrefix": ("etcd_prefix", str, "a key prefix starting and ending with / (default /tenantnet/)"),
+    "etcdTimeout": ("etcd_timeout", float, "a number of seconds between 0.1 and 30"),
 }
 
 _VF_CONTROL = re.compile(r"[a-z][a-z0-9-]*:\S+")
@@ -107,7 +124,10 @@ _MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
 
 
-_PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir")
+_PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir",
+              "etcdCaFile", "etcdCertFile", "etcdKeyFile")
+_ETCD_URL = re.compile(r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?")
+_NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 
 
 def normalise_ovsdb_endpoint(value: str) -> str | None:
@@ -204,6 +224,19 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
                 raise _bad(path, key, value, allowed) from None
         elif key == "ovsdbTimeout" and not 0.1 <= cast(float, value) <= 120:
             raise _bad(path, key, value, allowed)
+        elif key == "etcdTimeout" and not 0.1 <= cast(float, value) <= 30:
+            raise _bad(path, key, value, allowed)
+        elif key == "etcdEndpoints":
+            urls = cast("list[object]", value)
+            if not urls or not all(isinstance(u, str) and _ETCD_URL.fullmatch(u) for u in urls):
+                raise _bad(path, key, value, allowed)
+            value = tuple(urls)
+        elif key == "nodeName" and not _NODE_NAME.fullmatch(cast(str, value)):
+            raise _bad(path, key, value, allowed)
+        elif key == "etcdPrefix":
+            prefix = cast(str, value)
+            if not (prefix.startswith("/") and prefix.endswith("/")) or not prefix.isprintable():
+                raise _bad(path, key, value, allowed)
         values[attr] = value
     # The shim reads agentSocket without YAML (nodepath): one reading for both, or none.
     seen, _ = nodepath.agent_socket_of(path)

@@ -1,0 +1,218 @@
+"""A small etcd v3 client over etcd's JSON gateway (`/v3/...`), standard library only.
+
+Why not a library: `etcd3gw` (the gateway client) pulls in `requests` and `futurist`
+(≈ 60 ms of imports, paid by every in-process IPAM call), and the gRPC clients need grpcio
+and protobuf (tens of MB, and `etcd3` has been unmaintained since 2020). What tenantnet-ipam
+needs is six calls — range, put, a compare-and-swap transaction, delete, lease grant and
+keepalive — each one HTTP POST of a small JSON document; `http.client` does that with a
+time-out per request, TLS with client certificates through `ssl`, and one kept-alive
+connection per endpoint. docs/ipam.md ("Cluster mode") has the argument in full.
+
+Every call has one deadline across all endpoints: the endpoints are tried in turn (the one
+that answered last first), and when none answers in time the call raises `EtcdUnavailable`
+— never a hang. Keys and values are bytes on the wire (base64 in the JSON); keys are `str`
+here, values `bytes`.
+"""
+
+from __future__ import annotations
+
+import base64
+import http.client
+import json
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ssl
+
+MAX_RESPONSE = 16 << 20  # a range over one network's blocks is a few hundred kB at most
+
+
+class EtcdUnavailable(Exception):
+    """No endpoint answered within the deadline (down, partitioned, no quorum)."""
+
+
+class EtcdError(Exception):
+    """An endpoint answered with an error (bad request, permission, TLS refused...)."""
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    endpoints: tuple[str, ...]  # http://host:port or https://host:port
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    timeout: float = 2.0  # seconds per call, all endpoints together
+
+
+@dataclass(frozen=True)
+class KeyValue:
+    key: str
+    value: bytes
+    create_revision: int
+    mod_revision: int
+    lease: int = 0
+
+
+def _b64(data: str | bytes) -> str:
+    raw = data.encode() if isinstance(data, str) else data
+    return base64.b64encode(raw).decode("ascii")
+
+
+def _kv(item: dict[str, Any]) -> KeyValue:
+    return KeyValue(key=base64.b64decode(item.get("key", "")).decode(),
+                    value=base64.b64decode(item.get("value", "")),
+                    create_revision=int(item.get("create_revision", 0)),
+                    mod_revision=int(item.get("mod_revision", 0)), lease=int(item.get("lease", 0)))
+
+
+def prefix_end(prefix: str) -> bytes:
+    """The range end that covers every key starting with `prefix` (etcd's convention: the
+    prefix's bytes with the last one incremented)."""
+    raw = bytearray(prefix.encode())
+    while raw and raw[-1] == 0xFF:
+        raw.pop()
+    if not raw:
+        return b"\0"
+    raw[-1] += 1
+    return bytes(raw)
+
+
+class Etcd:
+    """One client per process and configuration; safe to share between threads."""
+
+    def __init__(self, config: EtcdConfig) -> None:
+        if not config.endpoints:
+            raise ValueError("no etcd endpoints")
+        self.config = config
+        self._lock = threading.Lock()
+        self._preferred = 0
+        self._local = threading.local()
+        self._ssl: ssl.SSLContext | None = None
+        if any(e.startswith("https://") for e in config.endpoints):
+            import ssl  # ≈ 10 ms: only for a TLS cluster store
+
+            self._ssl = ssl.create_default_context(cafile=config.ca_file)
+            if config.cert_file:
+                self._ssl.load_cert_chain(config.cert_file, config.key_file)
+
+    # ---- transport ----------------------------------------------------------------------
+    def _connection(self, endpoint: str, timeout: float) -> http.client.HTTPConnection:
+        conns: dict[str, http.client.HTTPConnection] = getattr(self._local, "conns", None) or {}
+        self._local.conns = conns
+        conn = conns.get(endpoint)
+        if conn is None:
+            url = urllib.parse.urlsplit(endpoint)
+            if url.scheme == "https":
+                conn = http.client.HTTPSConnection(url.hostname or "", url.port or 2379, timeout=timeout,
+                                                   context=self._ssl)
+            else:
+                conn = http.client.HTTPConnection(url.hostname or "", url.port or 2379, timeout=timeout)
+            conns[endpoint] = conn
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        return conn
+
+    def _drop(self, endpoint: str) -> None:
+        conns: dict[str, http.client.HTTPConnection] = getattr(self._local, "conns", None) or {}
+        conn = conns.pop(endpoint, None)
+        if conn is not None:
+            conn.close()
+
+    def call(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """POST `body` to `path` on the first endpoint that answers before the deadline."""
+        deadline = time.monotonic() + self.config.timeout
+        endpoints = self.config.endpoints
+        with self._lock:
+            first = self._preferred
+        tried: list[str] = []
+        payload = json.dumps(body).encode()
+        for i in range(len(endpoints)):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            index = (first + i) % len(endpoints)
+            endpoint = endpoints[index]
+            try:
+                conn = self._connection(endpoint, left)
+                conn.request("POST", path, payload, {"Content-Type": "application/json"})
+                response = conn.getresponse()
+                data = response.read(MAX_RESPONSE + 1)
+            except (OSError, http.client.HTTPException) as exc:
+                self._drop(endpoint)
+                tried.append(f"{endpoint}: {exc}")
+                continue
+            if len(data) > MAX_RESPONSE:
+                self._drop(endpoint)
+                raise EtcdError(f"etcd at {endpoint}: answer over {MAX_RESPONSE} bytes")
+            try:
+                answer = json.loads(data)
+            except ValueError:
+                answer = {"error": data[:200].decode("utf-8", "replace")}
+            if response.status == 503 or "no leader" in str(answer.get("error", "")):
+                tried.append(f"{endpoint}: {answer.get('error') or response.reason}")
+                continue  # a member without quorum: another one may have it
+            if response.status != 200:
+                raise EtcdError(f"etcd at {endpoint} refused {path}: HTTP {response.status}: "
+                                f"{answer.get('error') or answer.get('message') or response.reason}")
+            with self._lock:
+                self._preferred = index
+            return answer  # type: ignore[no-any-return]
+        raise EtcdUnavailable(f"no etcd endpoint answered within {self.config.timeout:g} s"
+                              + (f" ({'; '.join(tried)})" if tried else ""))
+
+    def close(self) -> None:
+        for endpoint in list(getattr(self._local, "conns", {}) or {}):
+            self._drop(endpoint)
+
+    # ---- key-value ----------------------------------------------------------------------
+    def get(self, key: str) -> KeyValue | None:
+        kvs = self.call("/v3/kv/range", {"key": _b64(key)}).get("kvs") or []
+        return _kv(kvs[0]) if kvs else None
+
+    def range(self, prefix: str) -> list[KeyValue]:
+        """Every key under `prefix`, in key order."""
+        answer = self.call("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
+        return [_kv(item) for item in answer.get("kvs") or []]
+
+    def put(self, key: str, value: bytes, lease: int = 0) -> None:
+        body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            body["lease"] = str(lease)
+        self.call("/v3/kv/put", body)
+
+    def create(self, key: str, value: bytes, lease: int = 0) -> bool:
+        """Put `key` only if it does not exist (one transaction); whether it was created."""
+        put: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}
+        if lease:
+            put["lease"] = str(lease)
+        answer = self.call("/v3/kv/txn", {
+            "compare": [{"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}],
+            "success": [{"request_put": put}]})
+        return bool(answer.get("succeeded"))
+
+    def delete_if(self, key: str, value: bytes) -> bool:
+        """Delete `key` only if it holds exactly `value`; whether it was deleted."""
+        answer = self.call("/v3/kv/txn", {
+            "compare": [{"key": _b64(key), "result": "EQUAL", "target": "VALUE", "value": _b64(value)}],
+            "success": [{"request_delete_range": {"key": _b64(key)}}]})
+        return bool(answer.get("succeeded"))
+
+    def delete(self, key: str) -> None:
+        self.call("/v3/kv/deleterange", {"key": _b64(key)})
+
+    # ---- leases -------------------------------------------------------------------------
+    def lease_grant(self, ttl: int) -> int:
+        return int(self.call("/v3/lease/grant", {"TTL": str(ttl)})["ID"])
+
+    def lease_keepalive(self, lease: int) -> int:
+        """Refresh `lease`; its remaining TTL (0: it had expired)."""
+        answer = self.call("/v3/lease/keepalive", {"ID": str(lease)})
+        return int((answer.get("result") or {}).get("TTL", 0))
+
+    def lease_revoke(self, lease: int) -> None:
+        self.call("/v3/kv/lease/revoke", {"ID": str(lease)})

@@ -1,0 +1,158 @@
+"""Cluster mode of tenantnet-ipam on a real etcd: per-node blocks, no address twice across
+nodes, no etcd round trip while a block has room, code 11 when a block is needed and etcd is
+gone, DEL always local. (The first part of issue 14; the multi-node lab comes later.)"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cni.env import parse_env
+from cni.errors import CniError
+from cni.netconf import parse_netconf
+from ipam import cluster, plugin
+from ipam.cluster import ClusterNode
+from ipam.config import ClusterSettings, Confinement
+from ipam.etcd import Etcd, EtcdConfig
+from tests.integration.etcdsupport import EtcdServer
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
+    server = EtcdServer(tmp_path / "etcd").start()
+    try:
+        yield server
+    finally:
+        server.remove()
+
+
+def conf(tmp: Path, node: str, subnet: str = "10.90.0.0/24", block: int = 28, **ipam: Any) -> Any:
+    return parse_netconf({"cniVersion": "1.0.0", "name": "rail-0", "type": "tenantnet",
+                          "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": subnet}]],
+                                   "dataDir": str(tmp / node), "cluster": {"blockSize": block}, **ipam}})
+
+
+def env(cid: str, command: str = "ADD", args: str = "") -> Any:
+    return parse_env({"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_IFNAME": "net1",
+                      "CNI_NETNS": "/run/netns/x", "CNI_PATH": "/usr/lib/cni", "CNI_ARGS": args})
+
+
+def node(name: str, server: EtcdServer, timeout: float = 2.0) -> ClusterNode:
+    return ClusterNode(name, EtcdConfig((server.endpoint,), timeout=timeout), "/tn-test/")
+
+
+def add(tmp: Path, who: ClusterNode, cid: str, **kw: Any) -> str:
+    limits = Confinement((str(tmp),), ())
+    result = plugin.add(env(cid), conf(tmp, who.name, **kw), limits, who)
+    return str(result.ips[0].address.ip)
+
+
+def blocks_in_etcd(server: EtcdServer) -> dict[str, str]:
+    kvs = Etcd(EtcdConfig((server.endpoint,))).range("/tn-test/ipam/rail-0/blocks/")
+    return {kv.key.rsplit("/", 1)[1]: json.loads(kv.value)["node"] for kv in kvs}
+
+
+def test_two_nodes_never_hand_out_one_address(tmp_path: Path, etcd: EtcdServer) -> None:
+    nodes = [node("node-a", etcd), node("node-b", etcd)]
+    got: dict[str, list[str]] = {n.name: [] for n in nodes}
+    errors: list[BaseException] = []
+
+    def run(who: ClusterNode, thread: int) -> None:
+        try:
+            for i in range(40):
+                got[who.name].append(add(tmp_path, who, f"{who.name}-{thread}-{i}"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(n, t)) for n in nodes for t in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    every = got["node-a"] + got["node-b"]
+    assert len(every) == len(set(every)) == 160  # 2 nodes × 2 threads × 40, each address once
+    owners = blocks_in_etcd(etcd)
+    for name, addresses in got.items():
+        for a in addresses:
+            block = str(ipaddress.ip_network(f"{a}/28", strict=False)).replace("/", "_")
+            assert owners[block] == name, (a, owners)
+    # The node's own list matches what etcd says it owns.
+    for n in nodes:
+        ledger = cluster.Ledger(n, "rail-0", str(tmp_path / n.name), ClusterSettings(block_size=28))
+        local = {str(b).replace("/", "_") for b in ledger.owned()}
+        assert local == {b for b, o in owners.items() if o == n.name}
+
+
+def test_room_in_a_block_needs_no_etcd_and_a_new_block_fails_fast(tmp_path: Path, etcd: EtcdServer) -> None:
+    who = node("node-a", etcd, timeout=1.0)
+    first = add(tmp_path, who, "c0")  # claims a /28: 16 addresses, the network one excluded
+    etcd.stop()
+    more = [add(tmp_path, who, f"c{i}") for i in range(1, 14)]  # the rest of the block, no etcd
+    assert len(set([first, *more])) == 14
+    started = time.monotonic()
+    with pytest.raises(CniError) as err:
+        add(tmp_path, who, "c-next")
+    assert err.value.code == 11 and "cluster store is unreachable" in err.value.msg
+    assert time.monotonic() - started < 3, "a needed block with etcd down must fail promptly"
+    # DEL is local: it works with etcd down, and the freed address is handed out again.
+    plugin.delete(env("c3", "DEL"), conf(tmp_path, "node-a"), Confinement((str(tmp_path),), ()))
+    assert add(tmp_path, who, "c-again") == more[2]
+
+
+def test_a_pool_whose_blocks_all_belong_to_another_node_is_exhausted(tmp_path: Path, etcd: EtcdServer) -> None:
+    add(tmp_path, node("node-a", etcd), "a0", subnet="10.91.0.0/28")
+    with pytest.raises(CniError) as err:
+        add(tmp_path, node("node-b", etcd), "b0", subnet="10.91.0.0/28")
+    assert err.value.code == 110 and "every block belongs to a node" in err.value.msg  # POOL_EXHAUSTED
+
+
+def test_a_crash_between_claim_and_memory_is_adopted(tmp_path: Path, etcd: EtcdServer) -> None:
+    who = node("node-a", etcd)
+    add(tmp_path, who, "a0")
+    blocks = tmp_path / "node-a" / "cluster" / "rail-0.blocks"
+    blocks.unlink()  # as if the process died after etcd committed the claim
+    add(tmp_path, who, "a1")
+    assert list(blocks_in_etcd(etcd).values()) == ["node-a"]  # the same block, adopted
+
+
+def test_static_addresses_and_a_missing_store_are_refused_clearly(tmp_path: Path, etcd: EtcdServer) -> None:
+    limits = Confinement((str(tmp_path),), ())
+    with pytest.raises(CniError) as err:
+        plugin.add(env("s0", args="IgnoreUnknown=1;IP=10.90.0.5"), conf(tmp_path, "node-a"), limits,
+                   node("node-a", etcd))
+    assert err.value.code == 2 and "not yet reserved cluster-wide" in err.value.msg
+    with pytest.raises(CniError) as err:
+        plugin.add(env("s1"), conf(tmp_path, "node-a"), limits, None)
+    assert err.value.code == 7 and "etcdEndpoints" in err.value.msg
+
+
+def test_the_executable_reads_the_cluster_store_from_the_node_config(tmp_path: Path, etcd: EtcdServer) -> None:
+    node_config = tmp_path / "tenantnet.yaml"
+    node_config.write_text(f"logFile: {tmp_path}/log/tn.log\nipamDataDirs: [{tmp_path}]\nnodeName: node-x\n"
+                           f"etcdEndpoints: [{etcd.endpoint}]\netcdPrefix: /tn-test/\n"
+                           f"agentSocket: {tmp_path}/nobody.sock\n")
+    raw = {"cniVersion": "1.0.0", "name": "rail-0", "type": "tenantnet-ipam",
+           "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.92.0.0/24"}]],
+                    "dataDir": str(tmp_path / "x"), "cluster": {"blockSize": 27}}}
+    ipam_exe = Path(sys.executable).parent / "tenantnet-ipam"
+    proc = subprocess.run([str(ipam_exe)], input=json.dumps(raw).encode(), capture_output=True, timeout=30,
+                          env={"PATH": os.environ["PATH"], "TENANTNET_CONFIG": str(node_config),
+                               "CNI_COMMAND": "ADD", "CNI_CONTAINERID": "exe0", "CNI_IFNAME": "net1",
+                               "CNI_NETNS": "/run/netns/x", "CNI_PATH": "/usr/lib/cni"})
+    assert proc.returncode == 0, proc.stdout
+    address = json.loads(proc.stdout)["ips"][0]["address"]
+    assert ipaddress.ip_interface(address) in ipaddress.ip_network("10.92.0.0/27")
+    assert blocks_in_etcd(etcd) == {"10.92.0.0_27": "node-x"}

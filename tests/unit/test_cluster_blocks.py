@@ -1,0 +1,81 @@
+"""Cluster mode pieces that need no etcd: block carving, ranges cut to owned blocks, the
+`ipam.cluster` and node-config fields."""
+
+from __future__ import annotations
+
+import ipaddress
+from pathlib import Path
+
+import pytest
+
+from cni.errors import CniError
+from ipam.cluster import blocks_of, restrict
+from ipam.config import ClusterSettings, parse_ipam
+from ipam.etcd import prefix_end
+from tenantnet.plugin import ipam_client, nodeconfig
+
+
+def ipam(subnet: str, **cluster: object) -> dict[str, object]:
+    return {"type": "tenantnet-ipam", "ranges": [[{"subnet": subnet}]], "dataDir": "/x", "cluster": cluster}
+
+
+def test_blocks_are_carved_lazily_in_address_order() -> None:
+    cfg = parse_ipam(ipam("10.1.0.0/24", blockSize=26))
+    assert cfg.cluster == ClusterSettings(26, 122)
+    assert [str(b) for b in blocks_of(cfg.range_sets[0], cfg.cluster)] == \
+        ["10.1.0.0/26", "10.1.0.64/26", "10.1.0.128/26", "10.1.0.192/26"]
+    # A subnet smaller than a block is one block; an IPv6 /64 is never enumerated whole.
+    small = parse_ipam(ipam("10.2.0.0/29"))
+    assert [str(b) for b in blocks_of(small.range_sets[0], ClusterSettings())] == ["10.2.0.0/29"]
+    v6 = parse_ipam(ipam("fd00::/64"))
+    first = next(iter(blocks_of(v6.range_sets[0], ClusterSettings())))
+    assert str(first) == "fd00::/122"
+
+
+def test_ranges_are_cut_to_the_blocks_this_node_owns() -> None:
+    cfg = parse_ipam({"type": "tenantnet-ipam", "dataDir": "/x", "cluster": {"blockSize": 26},
+                      "ranges": [[{"subnet": "10.1.0.0/24", "rangeStart": "10.1.0.10", "gateway": "10.1.0.1"}]]})
+    mine = restrict(cfg, [ipaddress.ip_network("10.1.0.0/26"), ipaddress.ip_network("10.1.0.192/26")])
+    (rs,) = mine.range_sets
+    assert [r.describe() for r in rs.ranges] == ["10.1.0.0/24 (10.1.0.10-10.1.0.63)",
+                                                 "10.1.0.0/24 (10.1.0.192-10.1.0.254)"]
+    assert all(str(r.gateway) == "10.1.0.1" for r in rs.ranges)
+    assert restrict(cfg, []).range_sets[0].ranges == ()
+
+
+@pytest.mark.parametrize("cluster,needle", [
+    ({"blockSize": 8}, "ipam.cluster.blockSize=8"), ({"blockSize": "26"}, "ipam.cluster.blockSize"),
+    ({"blockSizeV6": 130}, "ipam.cluster.blockSizeV6"), ({"size": 26}, "ipam.cluster.size"),
+])
+def test_bad_cluster_settings_are_named(cluster: dict[str, object], needle: str) -> None:
+    with pytest.raises(CniError) as err:
+        parse_ipam(ipam("10.1.0.0/24", **cluster))
+    assert err.value.code == 7 and needle in err.value.msg
+
+
+def test_prefix_end_covers_exactly_the_prefix() -> None:
+    assert prefix_end("/tenantnet/ipam/") == b"/tenantnet/ipam0"
+    assert prefix_end("a\xff") == b"a\xc3\xc0"  # the bytes of the key, not its characters
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("etcdEndpoints: []\n", "etcdEndpoints"), ("etcdEndpoints: [127.0.0.1:2379]\n", "etcdEndpoints"),
+    ("nodeName: Node_1\n", "nodeName"), ("etcdPrefix: tenantnet\n", "etcdPrefix"),
+    ("etcdTimeout: 0\n", "etcdTimeout"), ("etcdCaFile: ca.pem\n", "etcdCaFile"),
+])
+def test_bad_cluster_store_settings_in_the_node_config(tmp_path: Path, text: str, needle: str) -> None:
+    path = tmp_path / "n.yaml"
+    path.write_text(text)
+    with pytest.raises(CniError) as err:
+        nodeconfig.load(str(path))
+    assert err.value.code == 7 and needle in err.value.msg
+
+
+def test_the_node_config_gives_the_cluster_node(tmp_path: Path) -> None:
+    path = tmp_path / "n.yaml"
+    path.write_text("nodeName: worker-3\netcdEndpoints: [https://10.0.0.5:2379, 'http://[::1]:2379']\n"
+                    "etcdCaFile: /etc/tenantnet/etcd-ca.pem\netcdPrefix: /prod/tenantnet/\n")
+    who = ipam_client.cluster_node(nodeconfig.load(str(path)))
+    assert who is not None and who.name == "worker-3" and who.prefix == "/prod/tenantnet/"
+    assert who.etcd.endpoints == ("https://10.0.0.5:2379", "http://[::1]:2379")
+    assert ipam_client.cluster_node(nodeconfig.NodeConfig()) is None
