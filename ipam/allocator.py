@@ -45,7 +45,9 @@ def locate(cfg: IpamConfig, address: IPAddress) -> tuple[int, Range] | None:
     return None
 
 
-def _requested_by_set(cfg: IpamConfig, network: str, requested: list[IPAddress]) -> dict[int, IPAddress]:
+def requested_by_set(cfg: IpamConfig, network: str, requested: list[IPAddress]) -> dict[int, IPAddress]:
+    """The requested static addresses by range set; code 111 naming the address when one is
+    in no range, reserved, or a second one of the same range set."""
     wanted: dict[int, IPAddress] = {}
     for addr in requested:
         found = locate(cfg, addr)
@@ -138,7 +140,7 @@ def allocate(
     addresses are released in the same transaction.
     """
     network = owner.network
-    wanted = _requested_by_set(cfg, network, requested or [])
+    wanted = requested_by_set(cfg, network, requested or [])
     held = txn.owned_by(network, owner.container_id, owner.ifname)
     if held:
         same = _satisfies(cfg, held, wanted)

@@ -13,9 +13,15 @@ claim committed). A crash between the two leaves a block in etcd that the file l
 next claim lists the network's blocks (one range call) and adopts every block etcd says is
 this node's before it claims a new one.
 
-Not yet here (issue 14 continues): returning empty blocks after a grace period, claiming
-ahead at a low-water mark, node liveness leases and operator release of a dead node's
-blocks, and cluster-wide reservation of static addresses (refused in cluster mode until then).
+A block that has held no address for `releaseAfter` seconds (default 300) goes back to the
+pool on a later DEL or GC of the network (`Ledger.return_empty`).
+
+Not yet here (issue 14 continues): claiming ahead at a low-water mark, node liveness
+leases and operator release of a dead node's blocks.
+
+A static address (`runtimeConfig.ips`, `IP=`, `args.cni.ips`) is served only by the node
+that owns its block: its ADD claims the block when nobody has it, and is refused (code 111)
+when another node does — so a static address never collides with a block allocation.
 """
 
 from __future__ import annotations
@@ -32,10 +38,13 @@ from contextlib import contextmanager
 from typing import NamedTuple
 
 from cni.errors import CniError, Code
-from cni.result import IPNetwork
+from cni.result import IPAddress, IPNetwork
 from hostfiles.confined import ensure_private_dir
 from ipam.config import ClusterSettings, IpamConfig, Range, RangeSet
 from ipam.etcd import Etcd, EtcdConfig, EtcdError, EtcdUnavailable
+
+__all__ = ["ClusterNode", "EtcdError", "EtcdUnavailable", "Ledger", "block_of", "blocks_of", "restrict"]
+from ipam.store import Store
 
 DEFAULT_PREFIX = "/tenantnet/"
 MAX_CLAIM_ATTEMPTS = 64  # blocks raced for and lost before giving up (other nodes claiming)
@@ -87,6 +96,19 @@ def blocks_of(rs: RangeSet, sizes: ClusterSettings) -> Iterator[IPNetwork]:
             yield ipaddress.ip_network((base + i * size, prefix))
 
 
+def block_of(address: IPAddress, subnet: IPNetwork, sizes: ClusterSettings) -> IPNetwork:
+    """The block of `subnet` that holds `address`."""
+    prefix = max(sizes.block_size if address.version == 4 else sizes.block_size_v6, subnet.prefixlen)
+    return ipaddress.ip_network(f"{address}/{prefix}", strict=False)
+
+
+def _owner(value: bytes) -> str:
+    try:
+        return str(json.loads(value).get("node", ""))
+    except (ValueError, AttributeError):
+        return value.decode("utf-8", "replace")
+
+
 def restrict(cfg: IpamConfig, owned: list[IPNetwork]) -> IpamConfig:
     """`cfg` with every range cut down to the parts inside blocks this node owns."""
     sets = []
@@ -122,49 +144,123 @@ class Ledger:
         finally:
             os.close(fd)
 
-    def owned(self) -> list[IPNetwork]:
-        """The blocks this node owns, as it remembers them (no etcd call)."""
+    def _read(self) -> dict[IPNetwork, float | None]:
+        """block -> since when it has been seen empty (None: in use, or not checked yet)."""
         try:
             with open(self.path, encoding="utf-8") as fh:
-                names = [line.strip() for line in fh.read(1 << 20).splitlines() if line.strip()]
+                lines = [line.split() for line in fh.read(1 << 20).splitlines() if line.strip()]
         except FileNotFoundError:
-            return []
-        return [_parse_block(n) for n in names]
+            return {}
+        return {_parse_block(f[0]): (float(f[1]) if len(f) > 1 else None) for f in lines}
 
-    def _remember(self, blocks: list[IPNetwork]) -> None:
+    def owned(self) -> list[IPNetwork]:
+        """The blocks this node owns, as it remembers them (no etcd call)."""
+        return list(self._read())
+
+    def _write(self, blocks: dict[IPNetwork, float | None]) -> None:
         tmp = f"{self.path}.tmp.{os.getpid()}.{threading.get_ident()}"
         with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write("".join(f"{_block_name(b)}\n" for b in sorted(blocks, key=lambda b: (b.version, b))))
+            for b in sorted(blocks, key=lambda b: (b.version, b)):
+                since = blocks[b]
+                fh.write(f"{_block_name(b)}\n" if since is None else f"{_block_name(b)} {since:.3f}\n")
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self.path)
 
+    def _remember(self, blocks: list[IPNetwork]) -> None:
+        current = self._read()
+        self._write({b: current.get(b) for b in blocks})
+
+    def return_empty(self, store: Store, release_after: float) -> list[IPNetwork]:
+        """Give back to the pool every block of this node that has held no address for
+        `release_after` seconds (as seen by earlier calls); the blocks returned. Run inside
+        the store's write transaction, so no ADD of this node can allocate in a block while
+        it is being returned; etcd is told afterwards (a failure there only leaves a block
+        that the next claim adopts again)."""
+        now = time.time()
+        returned: list[IPNetwork] = []
+        with self._locked(), store.transaction() as txn:
+            blocks = self._read()
+            if not blocks:
+                return []
+            before = dict(blocks)
+            held = [a.address for a in txn.allocations(self.network)]
+            for block in list(blocks):
+                if any(a.version == block.version and a in block for a in held):
+                    blocks[block] = None
+                    continue
+                since = blocks[block]
+                if since is None and release_after > 0:
+                    blocks[block] = now  # empty from now on: returned once the grace has passed
+                elif since is None or now - since >= release_after:
+                    returned.append(block)
+                    del blocks[block]
+            if blocks != before:
+                self._write(blocks)
+        etcd = client(self.node.etcd)
+        for block in returned:
+            key = self.key_prefix + _block_name(block)
+            kv = etcd.get(key)
+            if kv is not None and _owner(kv.value) == self.node.name:
+                etcd.delete_if(key, kv.value)
+        return returned
+
+    def _value(self) -> bytes:
+        return json.dumps({"node": self.node.name, "claimed": round(time.time(), 3)}).encode()
+
+    def hold(self, block: IPNetwork, address: IPAddress) -> None:
+        """Make sure this node owns `block` (the one a static address is in): claimed now if
+        nobody has it. A static address is served only by the owner of its block, so it can
+        never collide with another node's allocation; another node's block is code 111."""
+        if block in self.owned():
+            return
+        etcd = client(self.node.etcd)
+        key = self.key_prefix + _block_name(block)
+        try:
+            with self._locked():
+                known = self.owned()
+                if block in known:
+                    return
+                if not etcd.create(key, self._value()):
+                    kv = etcd.get(key)
+                    owner = _owner(kv.value) if kv is not None else "?"
+                    if owner != self.node.name:
+                        raise CniError(Code.ADDRESS_UNAVAILABLE,
+                                       f"requested address {address} of network {self.network!r} is in block "
+                                       f"{block}, which node {owner!r} owns: on a cluster network a static "
+                                       "address is served only by the node that owns its block")
+                self._remember([*known, block])
+        except EtcdUnavailable as exc:
+            raise CniError(Code.TRY_AGAIN_LATER, f"network {self.network!r}: the static address {address} is "
+                                                 f"in a block this node does not own yet, and the cluster "
+                                                 f"store is unreachable: {exc}") from None
+        except EtcdError as exc:
+            raise CniError(Code.IO_FAILURE,
+                           f"network {self.network!r}: claiming block {block}: {exc}") from None
+
     def claim(self, rs: RangeSet) -> IPNetwork:
         """A block of `rs` for this node: one etcd owns already (adopted), else a new one
-        claimed with one transaction. Code 11 when etcd is unreachable, code 18 when every
+        claimed with one transaction. Code 11 when etcd is unreachable, code 110 when every
         block of the range set belongs to some node."""
         etcd = client(self.node.etcd)
-        mine = self.node.name.encode()
         try:
             with self._locked():
                 known = set(self.owned())
-                taken: dict[IPNetwork, bytes] = {}
+                taken: dict[IPNetwork, str] = {}  # block -> owning node
                 for kv in etcd.range(self.key_prefix):
                     try:
                         block = _parse_block(kv.key[len(self.key_prefix):])
                     except ValueError:
                         continue
-                    owner = json.loads(kv.value).get("node", "").encode() if kv.value.startswith(b"{") \
-                        else kv.value
-                    taken[block] = owner
-                adopted = [b for b, o in taken.items() if o == mine and b not in known]
+                    taken[block] = _owner(kv.value)
+                adopted = [b for b, o in taken.items() if o == self.node.name and b not in known]
                 wanted = [b for b in adopted if any(b.subnet_of(r.subnet) for r in rs.ranges  # type: ignore[arg-type]
                                                     if r.family == b.version)]
                 if adopted:
                     self._remember(sorted(known | set(adopted), key=lambda b: (b.version, b)))
                 if wanted:
                     return wanted[0]
-                value = json.dumps({"node": self.node.name, "claimed": round(time.time(), 3)}).encode()
+                value = self._value()
                 attempts = 0
                 for block in blocks_of(rs, self.sizes):
                     if block in taken or block in known:

@@ -116,6 +116,7 @@ class ClusterSettings(NamedTuple):
 
     block_size: int = 26  # the prefix length of an IPv4 block
     block_size_v6: int = 122
+    release_after: float = 300.0  # seconds a block stays empty before it goes back to the pool
 
 
 class IpamConfig(NamedTuple):
@@ -415,11 +416,11 @@ def _cluster(raw: Any) -> ClusterSettings | None:
     if raw is None:
         return None
     obj = _object("ipam.cluster", raw)
-    unknown = set(obj) - {"blockSize", "blockSizeV6"}
+    unknown = set(obj) - {"blockSize", "blockSizeV6", "releaseAfter"}
     if unknown:
         name = sorted(unknown)[0]
         raise invalid_config(f"ipam.cluster.{name}", obj[name], "unknown field (known: blockSize, "
-                             "blockSizeV6)")
+                             "blockSizeV6, releaseAfter)")
     settings = ClusterSettings()
     for key, attr, low, high in (("blockSize", "block_size", 16, 30),
                                  ("blockSizeV6", "block_size_v6", 64, 126)):
@@ -428,7 +429,11 @@ def _cluster(raw: Any) -> ClusterSettings | None:
             raise invalid_config(f"ipam.cluster.{key}", value,
                                  f"must be a prefix length from {low} to {high}")
         settings = settings._replace(**{attr: value})
-    return settings
+    after = obj.get("releaseAfter", settings.release_after)
+    if not isinstance(after, int | float) or isinstance(after, bool) or not 0 <= after <= 86400:
+        raise invalid_config("ipam.cluster.releaseAfter", after,
+                             "must be a number of seconds from 0 to 86400")
+    return settings._replace(release_after=float(after))
 
 
 def static_requests(sources: Iterator[tuple[str, Any]]) -> list[IPAddress]:

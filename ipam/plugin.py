@@ -133,17 +133,19 @@ def _allocate_in_blocks(store: Store, cfg: IpamConfig, env: CniEnv, conf: NetCon
         raise CniError(Code.INVALID_CONFIG, f"invalid network config: ipam.cluster: network {conf.name!r} "
                                             "is cluster-wide, and this node config names no cluster store "
                                             "(etcdEndpoints)")
-    if requested:
-        raise CniError(Code.UNSUPPORTED_FIELD, "unsupported field: static addresses (runtimeConfig.ips, "
-                                               "IP=, args.cni.ips) are not yet reserved cluster-wide: not "
-                                               f"allowed on network {conf.name!r}, which has ipam.cluster")
     from ipam import cluster  # only networks in cluster mode pay for the etcd client's imports
 
     ledger = cluster.Ledger(node, conf.name, data_dir, cfg.cluster)
+    for idx, address in allocator.requested_by_set(cfg, conf.name, requested).items():
+        subnet = cfg.range_sets[idx].range_of(address)
+        assert subnet is not None  # requested_by_set found it there
+        ledger.hold(cluster.block_of(address, subnet.subnet, cfg.cluster), address)
     owner = _owner(env, conf)
     for _ in range(len(cfg.range_sets) * 4 + 1):
-        mine = cluster.restrict(cfg, ledger.owned())
         with store.transaction() as txn:
+            # Read inside the write transaction: a block being returned (Ledger.return_empty,
+            # in the same kind of transaction) is either still listed here, or already gone.
+            mine = cluster.restrict(cfg, ledger.owned())
             held = txn.owned_by(conf.name, env.container_id, env.ifname)
             short = [] if held else [idx for idx, rs in enumerate(mine.range_sets)
                                      if not rs.ranges or allocator.next_free(txn, conf.name, idx, rs) is None]
@@ -154,12 +156,31 @@ def _allocate_in_blocks(store: Store, cfg: IpamConfig, env: CniEnv, conf: NetCon
                                          "up as fast as they were claimed; try again")
 
 
-def delete(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> None:
+def delete(env: CniEnv, conf: NetConf, limits: Confinement | None = None,
+           cluster_node: ClusterNode | None = None) -> None:
     # Only dataDir is needed to release: a DEL must work even if the ranges were since
     # edited into something invalid, and must not create a store that never existed.
-    store = open_store(_data_dir(conf.ipam, limits), create=False)
+    data_dir = _data_dir(conf.ipam, limits)
+    store = open_store(data_dir, create=False)
     if store is not None:
         release_owner(store, conf.name, env.container_id, env.ifname)
+        return_empty_blocks(store, conf, data_dir, cluster_node)
+
+
+def return_empty_blocks(store: Store, conf: NetConf, data_dir: str, node: ClusterNode | None) -> None:
+    """Cluster mode: blocks of this node empty for `releaseAfter` go back to the pool. Best
+    effort, never an error: a DEL always succeeds locally, and what is not returned now is
+    returned by a later DEL or GC."""
+    if node is None or not isinstance(conf.ipam, dict) or conf.ipam.get("cluster") is None:
+        return
+    from ipam import cluster
+
+    try:
+        settings = parse_ipam(conf.ipam).cluster
+        assert settings is not None
+        cluster.Ledger(node, conf.name, data_dir, settings).return_empty(store, settings.release_after)
+    except (CniError, OSError, cluster.EtcdUnavailable, cluster.EtcdError):
+        pass
 
 
 def check(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> None:
@@ -207,10 +228,13 @@ def check(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> None
                 )
 
 
-def gc(conf: NetConf, keep: set[tuple[str, str]], limits: Confinement | None = None) -> None:
-    store = open_store(_data_dir(conf.ipam, limits), create=False)
+def gc(conf: NetConf, keep: set[tuple[str, str]], limits: Confinement | None = None,
+       cluster_node: ClusterNode | None = None) -> None:
+    data_dir = _data_dir(conf.ipam, limits)
+    store = open_store(data_dir, create=False)
     if store is not None:
         store_gc(store, conf.name, keep)
+        return_empty_blocks(store, conf, data_dir, cluster_node)
 
 
 def status(conf: NetConf, limits: Confinement | None = None) -> None:

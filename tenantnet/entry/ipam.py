@@ -41,11 +41,11 @@ def handle(env: CniEnv, raw: dict[str, Any], limits: Confinement | None = None,
     if env.command == "ADD":
         return plugin.add(env, conf, limits, cluster).to_dict(conf.cni_version, ipam=True)
     if env.command == "DEL":
-        plugin.delete(env, conf, limits)
+        plugin.delete(env, conf, limits, cluster)
     elif env.command == "CHECK":
         plugin.check(env, conf, limits)
     elif env.command == "GC":
-        plugin.gc(conf, valid_attachments(raw), limits)
+        plugin.gc(conf, valid_attachments(raw), limits, cluster)
     elif env.command == "STATUS":
         plugin.status(conf, limits)
     return None

@@ -185,7 +185,7 @@ def _in_process(call: IpamCall, conf_raw: dict[str, Any], node: Any) -> Result |
     if call.command == "ADD":
         return plugin.add(env, conf, limits, cluster_node(node))
     if call.command == "DEL":
-        plugin.delete(env, conf, limits)
+        plugin.delete(env, conf, limits, cluster_node(node))
     elif call.command == "CHECK":
         plugin.check(env, conf, limits)
     return None
@@ -200,7 +200,7 @@ def gc_own(conf: NetConf, keep: set[tuple[str, str]], node: Any) -> None:
         return
     from ipam import plugin
 
-    plugin.gc(conf, keep, confinement(node))
+    plugin.gc(conf, keep, confinement(node), cluster_node(node))
 
 
 def run(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any], node: Any) -> Result | None:

@@ -128,12 +128,27 @@ def test_a_crash_between_claim_and_memory_is_adopted(tmp_path: Path, etcd: EtcdS
     assert list(blocks_in_etcd(etcd).values()) == ["node-a"]  # the same block, adopted
 
 
-def test_static_addresses_and_a_missing_store_are_refused_clearly(tmp_path: Path, etcd: EtcdServer) -> None:
+def test_a_static_address_is_served_by_the_owner_of_its_block(tmp_path: Path, etcd: EtcdServer) -> None:
     limits = Confinement((str(tmp_path),), ())
-    with pytest.raises(CniError) as err:
-        plugin.add(env("s0", args="IgnoreUnknown=1;IP=10.90.0.5"), conf(tmp_path, "node-a"), limits,
-                   node("node-a", etcd))
-    assert err.value.code == 2 and "not yet reserved cluster-wide" in err.value.msg
+    a, b = node("node-a", etcd), node("node-b", etcd)
+
+    def static(who: ClusterNode, cid: str, address: str) -> str:
+        result = plugin.add(env(cid, args=f"IgnoreUnknown=1;IP={address}"), conf(tmp_path, who.name), limits, who)
+        return str(result.ips[0].address.ip)
+
+    assert static(a, "s0", "10.90.0.37") == "10.90.0.37"  # claims 10.90.0.32/28 for node-a
+    assert blocks_in_etcd(etcd) == {"10.90.0.32_28": "node-a"}
+    with pytest.raises(CniError) as err:  # node-b may not serve an address of node-a's block
+        static(b, "s1", "10.90.0.40")
+    assert err.value.code == 111 and "node 'node-a' owns" in err.value.msg  # ADDRESS_UNAVAILABLE
+    # node-a's dynamic allocations never give out its static address, and node-b's blocks
+    # never include node-a's: every address once.
+    got = {add(tmp_path, a, f"d{i}") for i in range(20)} | {add(tmp_path, b, f"e{i}") for i in range(20)}
+    assert len(got) == 40 and "10.90.0.37" not in got
+
+
+def test_a_missing_store_is_refused_clearly(tmp_path: Path, etcd: EtcdServer) -> None:
+    limits = Confinement((str(tmp_path),), ())
     with pytest.raises(CniError) as err:
         plugin.add(env("s1"), conf(tmp_path, "node-a"), limits, None)
     assert err.value.code == 7 and "etcdEndpoints" in err.value.msg
@@ -156,3 +171,29 @@ def test_the_executable_reads_the_cluster_store_from_the_node_config(tmp_path: P
     address = json.loads(proc.stdout)["ips"][0]["address"]
     assert ipaddress.ip_interface(address) in ipaddress.ip_network("10.92.0.0/27")
     assert blocks_in_etcd(etcd) == {"10.92.0.0_27": "node-x"}
+
+
+def test_empty_blocks_go_back_to_the_pool_after_the_grace(tmp_path: Path, etcd: EtcdServer) -> None:
+    limits = Confinement((str(tmp_path),), ())
+    a, b = node("node-a", etcd), node("node-b", etcd)
+    small = {"subnet": "10.93.0.0/28"}  # one /28 block: whoever holds it holds the pool
+
+    def delete(who: ClusterNode, cid: str, **cluster: Any) -> None:
+        c = conf(tmp_path, who.name, subnet=small["subnet"], block=28)
+        c.ipam["cluster"].update(cluster)
+        plugin.delete(env(cid, "DEL"), c, limits, who)
+
+    add(tmp_path, a, "a0", subnet=small["subnet"])
+    delete(a, "a0", releaseAfter=60)  # empty now: returned only after 60 s
+    assert blocks_in_etcd(etcd) == {"10.93.0.0_28": "node-a"}
+    with pytest.raises(CniError):
+        add(tmp_path, b, "b0", subnet=small["subnet"])
+    add(tmp_path, a, "a1", subnet=small["subnet"])
+    delete(a, "a1", releaseAfter=0)  # no grace: back to the pool at once
+    assert blocks_in_etcd(etcd) == {}
+    assert (tmp_path / "node-a" / "cluster" / "rail-0.blocks").read_text() == ""
+    assert add(tmp_path, b, "b0", subnet=small["subnet"]) == "10.93.0.2"  # node-b has it now (.1: the gateway)
+    assert blocks_in_etcd(etcd) == {"10.93.0.0_28": "node-b"}
+    # A DEL with etcd gone still succeeds (the block stays until a later DEL or GC).
+    etcd.stop()
+    delete(b, "b0", releaseAfter=0)

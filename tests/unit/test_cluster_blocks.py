@@ -21,7 +21,7 @@ def ipam(subnet: str, **cluster: object) -> dict[str, object]:
 
 def test_blocks_are_carved_lazily_in_address_order() -> None:
     cfg = parse_ipam(ipam("10.1.0.0/24", blockSize=26))
-    assert cfg.cluster == ClusterSettings(26, 122)
+    assert cfg.cluster == ClusterSettings(26, 122, 300.0)
     assert [str(b) for b in blocks_of(cfg.range_sets[0], cfg.cluster)] == \
         ["10.1.0.0/26", "10.1.0.64/26", "10.1.0.128/26", "10.1.0.192/26"]
     # A subnet smaller than a block is one block; an IPv6 /64 is never enumerated whole.
@@ -79,3 +79,11 @@ def test_the_node_config_gives_the_cluster_node(tmp_path: Path) -> None:
     assert who is not None and who.name == "worker-3" and who.prefix == "/prod/tenantnet/"
     assert who.etcd.endpoints == ("https://10.0.0.5:2379", "http://[::1]:2379")
     assert ipam_client.cluster_node(nodeconfig.NodeConfig()) is None
+
+
+def test_release_after_is_bounded() -> None:
+    assert parse_ipam(ipam("10.1.0.0/24", releaseAfter=0)).cluster == ClusterSettings(release_after=0.0)
+    for bad in (-1, 90000, "5", True):
+        with pytest.raises(CniError) as err:
+            parse_ipam(ipam("10.1.0.0/24", releaseAfter=bad))
+        assert "ipam.cluster.releaseAfter" in err.value.msg
