@@ -59,6 +59,7 @@ bench: deps venv
 	$(PY) bench/bench_ovs.py --out docs/benchmarks.md
 	$(PY) bench/bench_sriov.py --out docs/benchmarks.md
 	$(PY) bench/bench_ipam.py | $(PY) -m bench.common bench_ipam docs/benchmarks.md
+	$(PY) bench/bench_cluster.py | $(PY) -m bench.common bench_cluster docs/benchmarks.md
 	$(PY) bench/bench_agent.py --out docs/benchmarks.md
 
 clean:

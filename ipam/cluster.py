@@ -110,19 +110,30 @@ def _owner(value: bytes) -> str:
 
 
 def restrict(cfg: IpamConfig, owned: list[IPNetwork]) -> IpamConfig:
-    """`cfg` with every range cut down to the parts inside blocks this node owns."""
+    """`cfg` with every range cut down to the parts inside blocks this node owns (adjacent
+    blocks merged, so a node's usual run of consecutive blocks is one interval)."""
     sets = []
     for rs in cfg.range_sets:
         ranges = []
         for r in rs.ranges:
-            for b in owned:
-                if b.version != r.family or not b.subnet_of(r.subnet):  # type: ignore[arg-type]
-                    continue
-                lo, hi = max(r.start, int(b.network_address)), min(r.end, int(b.broadcast_address))
+            spans = sorted((int(b.network_address), int(b.broadcast_address)) for b in owned
+                           if b.version == r.family and b.subnet_of(r.subnet))  # type: ignore[arg-type]
+            merged: list[list[int]] = []
+            for lo, hi in spans:
+                if merged and lo <= merged[-1][1] + 1:
+                    merged[-1][1] = max(merged[-1][1], hi)
+                else:
+                    merged.append([lo, hi])
+            for lo, hi in merged:
+                lo, hi = max(r.start, lo), min(r.end, hi)
                 if lo <= hi:
                     ranges.append(Range(r.subnet, lo, hi, r.gateway, r.exclude))
         sets.append(RangeSet(tuple(ranges)))
     return cfg._replace(range_sets=tuple(sets))
+
+
+_parsed: dict[str, tuple[tuple[int, int, int], dict[IPNetwork, float | None]]] = {}
+_restricted: dict[tuple[str, tuple[IPNetwork, ...], tuple[RangeSet, ...]], tuple[RangeSet, ...]] = {}
 
 
 class Ledger:
@@ -145,17 +156,40 @@ class Ledger:
             os.close(fd)
 
     def _read(self) -> dict[IPNetwork, float | None]:
-        """block -> since when it has been seen empty (None: in use, or not checked yet)."""
+        """block -> since when it has been seen empty (None: in use, or not checked yet).
+        Parsed once per version of the file (replaced by rename, so its inode changes)."""
+        try:
+            st = os.stat(self.path)
+        except FileNotFoundError:
+            return {}
+        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
+        cached = _parsed.get(self.path)
+        if cached is not None and cached[0] == sig:
+            return dict(cached[1])
         try:
             with open(self.path, encoding="utf-8") as fh:
                 lines = [line.split() for line in fh.read(1 << 20).splitlines() if line.strip()]
         except FileNotFoundError:
             return {}
-        return {_parse_block(f[0]): (float(f[1]) if len(f) > 1 else None) for f in lines}
+        blocks = {_parse_block(f[0]): (float(f[1]) if len(f) > 1 else None) for f in lines}
+        _parsed[self.path] = (sig, blocks)
+        return dict(blocks)
 
     def owned(self) -> list[IPNetwork]:
         """The blocks this node owns, as it remembers them (no etcd call)."""
         return list(self._read())
+
+    def restricted(self, cfg: IpamConfig) -> IpamConfig:
+        """`restrict(cfg, self.owned())`, computed once per version of the blocks file (an ADD
+        with room then costs a stat, not a walk over every block)."""
+        blocks = tuple(self._read())
+        key = (self.path, blocks, cfg.range_sets)
+        found = _restricted.get(key)
+        if found is None:
+            if len(_restricted) > 256:
+                _restricted.clear()
+            found = _restricted[key] = restrict(cfg, list(blocks)).range_sets
+        return cfg._replace(range_sets=found)
 
     def _write(self, blocks: dict[IPNetwork, float | None]) -> None:
         tmp = f"{self.path}.tmp.{os.getpid()}.{threading.get_ident()}"

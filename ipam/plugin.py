@@ -145,12 +145,19 @@ def _allocate_in_blocks(store: Store, cfg: IpamConfig, env: CniEnv, conf: NetCon
         with store.transaction() as txn:
             # Read inside the write transaction: a block being returned (Ledger.return_empty,
             # in the same kind of transaction) is either still listed here, or already gone.
-            mine = cluster.restrict(cfg, ledger.owned())
-            held = txn.owned_by(conf.name, env.container_id, env.ifname)
-            short = [] if held else [idx for idx, rs in enumerate(mine.range_sets)
-                                     if not rs.ranges or allocator.next_free(txn, conf.name, idx, rs) is None]
-            if not short:
-                return allocator.allocate(txn, mine, owner, requested)
+            mine = ledger.restricted(cfg)
+            if all(rs.ranges for rs in mine.range_sets):
+                try:
+                    return allocator.allocate(txn, mine, owner, requested)
+                except CniError as err:
+                    if err.code != Code.POOL_EXHAUSTED:
+                        raise
+            # The node's blocks are full (or it has none) for some range set: which one is
+            # looked up only now, so that an ADD with room pays for nothing of this.
+            short = [idx for idx, rs in enumerate(mine.range_sets)
+                     if not rs.ranges or allocator.next_free(txn, conf.name, idx, rs) is None]
+        if not short:
+            continue  # freed meanwhile by a concurrent DEL
         ledger.claim(cfg.range_sets[short[0]])
     raise CniError(Code.TRY_AGAIN_LATER, f"network {conf.name!r}: the blocks claimed for this node filled "
                                          "up as fast as they were claimed; try again")
