@@ -192,8 +192,11 @@ class Result:
         ips = []
         for ip in _items(raw, "ips"):
             iface = ip.get("interface")
-            if iface is not None and (not isinstance(iface, int) or iface < 0):
+            # bool is an int to Python, not to JSON: `"interface": false` is no index.
+            if iface is not None and (not isinstance(iface, int) or isinstance(iface, bool) or iface < 0):
                 raise ValueError(f"ips[].interface must be a non-negative integer, got {iface!r}")
+            if ip.get("version") is not None and not isinstance(ip["version"], str):
+                raise ValueError(f"ips[].version must be a string (\"4\" or \"6\"), got {ip['version']!r}")
             gw = ip.get("gateway")
             if not isinstance(ip.get("address"), str) or (gw is not None and not isinstance(gw, str)):
                 raise ValueError("ips[].address and ips[].gateway must be address strings")

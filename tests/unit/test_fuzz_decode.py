@@ -487,6 +487,8 @@ def test_parse_netconf(raw):
 @given(prev_results)
 @example({"interfaces": [{"name": "net1", "mtu": math.inf}]})
 @example({"routes": [{"dst": "0.0.0.0/0", "table": -math.inf}]})
+@example({"ips": [{"address": "10.77.0.5/24", "interface": False}]})  # a bool is no index
+@example({"ips": [{"address": "10.77.0.5/24", "version": False}]})
 def test_prev_result_from_dict(raw):
     try:
         result = Result.from_dict(raw, "prevResult")
