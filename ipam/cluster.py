@@ -16,8 +16,11 @@ this node's before it claims a new one.
 A block that has held no address for `releaseAfter` seconds (default 300) goes back to the
 pool on a later DEL or GC of the network (`Ledger.return_empty`).
 
-Not yet here (issue 14 continues): claiming ahead at a low-water mark, node liveness
-leases and operator release of a dead node's blocks.
+Each agent keeps its node registered under a liveness lease (`Liveness`); an operator
+returns a dead node's blocks with `tenantnetctl ipam release-node`, refused while the lease
+is alive unless forced — a partitioned node's blocks are never taken over automatically.
+
+Not yet here (issue 14 continues): claiming ahead at a low-water mark.
 
 A static address (`runtimeConfig.ips`, `IP=`, `args.cni.ips`) is served only by the node
 that owns its block: its ADD claims the block when nobody has it, and is refused (code 111)
@@ -43,7 +46,8 @@ from hostfiles.confined import ensure_private_dir
 from ipam.config import ClusterSettings, IpamConfig, Range, RangeSet
 from ipam.etcd import Etcd, EtcdConfig, EtcdError, EtcdUnavailable
 
-__all__ = ["ClusterNode", "EtcdError", "EtcdUnavailable", "Ledger", "block_of", "blocks_of", "restrict"]
+__all__ = ["ClusterNode", "EtcdError", "EtcdUnavailable", "Ledger", "Liveness", "alive_nodes", "block_of",
+           "blocks_by_node", "blocks_of", "release_node", "restrict"]
 from ipam.store import Store
 
 DEFAULT_PREFIX = "/tenantnet/"
@@ -315,3 +319,81 @@ class Ledger:
                        f"pool exhausted: network {self.network!r} has no unclaimed block left in "
                        f"{rs.describe()} (every block belongs to a node)",
                        "release addresses, or blocks of nodes that are gone")
+
+
+# ---- nodes: liveness and the operator's release of a dead node's blocks --------------------
+
+NODE_TTL = 15  # seconds a node stays "alive" in etcd after its agent's last heartbeat
+
+
+def node_key(prefix: str, name: str) -> str:
+    return f"{prefix}nodes/{name}"
+
+
+class Liveness:
+    """A node's registration (name, underlay address) under a lease its agent keeps alive:
+    while the key exists, the node might still be serving its blocks, so they are never
+    taken over (`release_node` refuses without force)."""
+
+    def __init__(self, node: ClusterNode, address: str | None = None, ttl: int = NODE_TTL) -> None:
+        self.node, self.address, self.ttl = node, address, ttl
+        self.lease = 0
+
+    def beat(self) -> None:
+        """Register, or refresh the lease; EtcdUnavailable / EtcdError when etcd is away."""
+        etcd = client(self.node.etcd)
+        if self.lease and etcd.lease_keepalive(self.lease) > 0:
+            return
+        self.lease = etcd.lease_grant(self.ttl)
+        info = {"name": self.node.name, "address": self.address, "since": round(time.time(), 3)}
+        etcd.put(node_key(self.node.prefix, self.node.name), json.dumps(info).encode(), lease=self.lease)
+
+    def stop(self) -> None:
+        """Deregister at once (an orderly agent stop); best effort."""
+        if self.lease:
+            try:
+                client(self.node.etcd).lease_revoke(self.lease)
+            except (EtcdUnavailable, EtcdError):
+                pass
+            self.lease = 0
+
+
+def alive_nodes(etcd: Etcd, prefix: str) -> dict[str, dict[str, object]]:
+    """Registered nodes (their lease alive), by name."""
+    out: dict[str, dict[str, object]] = {}
+    for kv in etcd.range(f"{prefix}nodes/"):
+        try:
+            info = json.loads(kv.value)
+        except ValueError:
+            info = {}
+        name = kv.key.rsplit("/", 1)[1]
+        out[name] = {**(info if isinstance(info, dict) else {}), "name": name}
+    return out
+
+
+def blocks_by_node(etcd: Etcd, prefix: str) -> dict[str, list[tuple[str, str]]]:
+    """Every claimed block, as (network, block) per owning node."""
+    out: dict[str, list[tuple[str, str]]] = {}
+    base = f"{prefix}ipam/"
+    for kv in etcd.range(base):
+        network, sep, block = kv.key[len(base):].partition("/blocks/")
+        if sep:
+            out.setdefault(_owner(kv.value), []).append((network, block.replace("_", "/")))
+    return out
+
+
+def release_node(etcd: Etcd, prefix: str, name: str, force: bool = False) -> list[tuple[str, str]]:
+    """Return every block of node `name` to the pool (the operator's action for a node that
+    is gone for good); refused while the node's liveness lease is alive, unless `force`.
+    Only blocks still owned by `name` are deleted (compared in the same transaction)."""
+    if not force and name in alive_nodes(etcd, prefix):
+        raise CniError(Code.TRY_AGAIN_LATER,
+                       f"node {name!r} is alive (its agent renews its lease in etcd): its blocks may "
+                       "still be serving pods; stop it first, or pass --force if it is truly gone")
+    released = []
+    base = f"{prefix}ipam/"
+    for kv in etcd.range(base):
+        network, sep, block = kv.key[len(base):].partition("/blocks/")
+        if sep and _owner(kv.value) == name and etcd.delete_if(kv.key, kv.value):
+            released.append((network, block.replace("_", "/")))
+    return released

@@ -135,6 +135,7 @@ class Agent:
         self._lock_fd = -1
         self._inode = 0
         self.log: Any = None
+        self._heartbeat: Any = None
 
     # ---- start / stop ---------------------------------------------------------------------
     def start(self, log_file: str, log_level: str) -> None:
@@ -171,6 +172,10 @@ class Agent:
         listener.settimeout(0.5)  # wake up to notice a stop request
         self._listener = listener
         self._warm_up()
+        from tenantnet.entry.heartbeat import Heartbeat
+
+        self._heartbeat = Heartbeat(self._node(self.node_config), self.log)
+        self._heartbeat.start()
         self.log.info("agent.started", pid=os.getpid(), socket=self.socket_path,
                       max_inflight=self.max_inflight, workers=self.workers)
 
@@ -222,6 +227,8 @@ class Agent:
         while self.stats.inflight and time.monotonic() < deadline:
             time.sleep(0.02)
         self._pool.shutdown(wait=True)
+        if self._heartbeat is not None:
+            self._heartbeat.stop()  # deregistered: the node is no longer serving
         # No OVSDB close: ovsdbapp's stop waits up to a second for its thread, and exiting
         # closes the connection just as well.
         self.log.info("agent.stopped", served=self.stats.served, rejected=self.stats.rejected)

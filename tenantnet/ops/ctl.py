@@ -380,7 +380,8 @@ def build_parser() -> argparse.ArgumentParser:
     from tenantnet.ops import ipamctl as ipam_cli
     from tenantnet.ops.flowreport import cli as offload_cli
 
-    ipam_cli.register(sub)
+    ipam_cli.register(sub, node_config_path)
+    ipam_cli.register_cluster(sub, node_config_path)
     install.register(sub)
     offload_cli.register(sub, node_config_path)
     agent_cli.register(sub)

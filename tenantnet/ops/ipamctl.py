@@ -1,4 +1,5 @@
-"""Operators' commands: `tenantnetctl ipam ls | show | release | gc | import-host-local`.
+"""Operators' commands: `tenantnetctl ipam ls | show | release | gc | import-host-local |
+nodes | release-node`, and `tenantnetctl cluster nodes`.
 
 `register(subparsers)` adds the `ipam` command to an argparse subparsers object; every
 handler takes the parsed namespace and returns the process exit code: 0 done, 1 nothing
@@ -31,8 +32,16 @@ from ipam.sqlite_store import DB_NAME, SqliteStore
 from ipam.store import Allocation, release_addresses
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `ipam` and its sub-commands to `subparsers` (from `add_subparsers()`)."""
+def _given(args: argparse.Namespace) -> str | None:
+    from tenantnet.plugin import nodepath
+
+    return nodepath.given(getattr(args, "node_config", None))
+
+
+def register(subparsers: Any, node_config_path: Callable[[argparse.Namespace], str | None] = _given
+             ) -> argparse.ArgumentParser:
+    """Add `ipam` and its sub-commands to `subparsers` (from `add_subparsers()`);
+    `node_config_path` resolves the node config (the cluster store's settings)."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
         "--data-dir", default=DEFAULT_DATA_DIR,
@@ -78,7 +87,95 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help="interface for files from old host-local releases that name none")
     p.add_argument("--dry-run", action="store_true", help="only say what would be imported")
     p.set_defaults(func=cmd_import_host_local)
+    p = sub.add_parser("nodes", help="cluster mode: which node owns how many address blocks, and is it alive")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_nodes, node_config_path=node_config_path, only_alive=False)
+    p = sub.add_parser("release-node", help="cluster mode: return a dead node's address blocks to the pool")
+    p.add_argument("node", help="the node's name (nodeName)")
+    p.add_argument("--force", action="store_true",
+                   help="even though its liveness lease is alive (only for a node you know is gone)")
+    p.set_defaults(func=cmd_release_node, node_config_path=node_config_path)
     return ipam
+
+
+def register_cluster(subparsers: Any, node_config_path: Callable[[argparse.Namespace], str | None] = _given
+                     ) -> argparse.ArgumentParser:
+    """Add `cluster nodes` (the nodes registered in the cluster store)."""
+    cluster = subparsers.add_parser("cluster", help="the nodes sharing the cluster store (etcd)")
+    sub = cluster.add_subparsers(dest="cluster_command", metavar="nodes", required=True)
+    p = sub.add_parser("nodes", help="registered (alive) nodes: name, underlay address, blocks")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.set_defaults(func=cmd_nodes, node_config_path=node_config_path, only_alive=True)
+    return cluster
+
+
+def _cluster_store(args: argparse.Namespace) -> Any:
+    """(etcd client, key prefix) from the node config; None (said on stderr) without one."""
+    from tenantnet.plugin import ipam_client, nodeconfig
+
+    try:
+        node = nodeconfig.load(args.node_config_path(args))
+    except CniError as err:
+        print(f"tenantnetctl: {err.msg}", file=sys.stderr)
+        return None
+    who = ipam_client.cluster_node(node)
+    if who is None:
+        print(f"tenantnetctl: the node config ({node.source}) names no cluster store (etcdEndpoints)",
+              file=sys.stderr)
+        return None
+    from ipam import cluster
+
+    return cluster.client(who.etcd), who.prefix
+
+
+def cmd_nodes(args: argparse.Namespace) -> int:
+    from ipam import cluster
+
+    store = _cluster_store(args)
+    if store is None:
+        return 1
+    etcd, prefix = store
+    try:
+        alive = cluster.alive_nodes(etcd, prefix)
+        blocks = cluster.blocks_by_node(etcd, prefix)
+    except (cluster.EtcdUnavailable, cluster.EtcdError) as exc:
+        print(f"tenantnetctl: {exc}", file=sys.stderr)
+        return 1
+    names = sorted(alive) if args.only_alive else sorted(set(alive) | set(blocks))
+    rows = [{"name": n, "alive": n in alive, "address": alive.get(n, {}).get("address"),
+             "blocks": len(blocks.get(n, [])), "networks": sorted({net for net, _ in blocks.get(n, [])})}
+            for n in names]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"{'NODE':<24} {'ALIVE':<6} {'ADDRESS':<16} {'BLOCKS':>6}  NETWORKS")
+    for r in rows:
+        alive = "yes" if r["alive"] else "no"
+        print(f"{r['name']:<24} {alive:<6} {r['address'] or '-':<16} {r['blocks']:>6}  "
+              f"{','.join(r['networks']) or '-'}")
+    return 0
+
+
+def cmd_release_node(args: argparse.Namespace) -> int:
+    from ipam import cluster
+
+    store = _cluster_store(args)
+    if store is None:
+        return 1
+    etcd, prefix = store
+    try:
+        released = cluster.release_node(etcd, prefix, args.node, args.force)
+    except CniError as err:
+        print(f"tenantnetctl ipam release-node: {err.msg}", file=sys.stderr)
+        return 1
+    except (cluster.EtcdUnavailable, cluster.EtcdError) as exc:
+        print(f"tenantnetctl ipam release-node: {exc}", file=sys.stderr)
+        return 1
+    for network, block in released:
+        print(f"released block {block} of network {network} (was node {args.node})")
+    if not released:
+        print(f"node {args.node} owns no block")
+    return 0
 
 
 # ---- output helpers ---------------------------------------------------------------------

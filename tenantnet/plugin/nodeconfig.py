@@ -7,6 +7,7 @@ OVS or state goes to the wrong place.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from collections.abc import Mapping
@@ -64,6 +65,7 @@ class NodeConfig:
     ovsdb_endpoints: tuple[str, ...] = ()
     # Cluster mode of tenantnet-ipam (docs/ipam.md): this node's name and the cluster store.
     node_name: str | None = None  # default: the host name
+    node_address: str | None = None  # the node's underlay address, shown to operators
     etcd_endpoints: tuple[str, ...] = ()
     etcd_ca_file: str | None = None
     etcd_cert_file: str | None = None
@@ -110,6 +112,7 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                        "a list of OVSDB endpoints (unix:/path, tcp:host:port) a NAD's socket_file may name"),
     "nodeName": ("node_name", str, "this node's name in the cluster (a DNS name; the DaemonSet passes "
                                    "spec.nodeName)"),
+    "nodeAddress": ("node_address", str, "this node's underlay IP address"),
     "etcdEndpoints": ("etcd_endpoints", list, "a list of etcd client URLs (http://host:port or https://)"),
     "etcdCaFile": ("etcd_ca_file", str, "an absolute path of the CA bundle etcd's certificate is checked "
                                         "against"),
@@ -233,6 +236,11 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             value = tuple(urls)
         elif key == "nodeName" and not _NODE_NAME.fullmatch(cast(str, value)):
             raise _bad(path, key, value, allowed)
+        elif key == "nodeAddress":
+            try:
+                value = str(ipaddress.ip_address(cast(str, value)))
+            except ValueError:
+                raise _bad(path, key, value, allowed) from None
         elif key == "etcdPrefix":
             prefix = cast(str, value)
             if not (prefix.startswith("/") and prefix.endswith("/")) or not prefix.isprintable():

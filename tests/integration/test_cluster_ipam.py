@@ -197,3 +197,56 @@ def test_empty_blocks_go_back_to_the_pool_after_the_grace(tmp_path: Path, etcd: 
     # A DEL with etcd gone still succeeds (the block stays until a later DEL or GC).
     etcd.stop()
     delete(b, "b0", releaseAfter=0)
+
+
+def ctl(node_config: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tenantnet.ops.ctl", "--node-config", str(node_config), *args],
+                          capture_output=True, text=True, timeout=60)
+
+
+def cluster_node_config(tmp: Path, server: EtcdServer, name: str) -> Path:
+    path = tmp / f"{name}.yaml"
+    (tmp / name / "log").mkdir(parents=True, exist_ok=True)
+    path.write_text(f"stateDir: {tmp}/{name}/state\nlogFile: {tmp}/{name}/log/tn.log\nipamDataDirs: [{tmp}]\n"
+                    f"nodeName: {name}\nnodeAddress: 192.0.2.7\netcdEndpoints: [{server.endpoint}]\n"
+                    f"etcdPrefix: /tn-test/\nagentSocket: {tmp}/{name}/sock/agent.sock\n")
+    return path
+
+
+def test_a_live_nodes_blocks_are_released_only_by_force(tmp_path: Path, etcd: EtcdServer) -> None:
+    who = node("node-a", etcd)
+    add(tmp_path, who, "a0")
+    live = cluster.Liveness(who, "192.0.2.7", ttl=30)
+    live.beat()
+    live.beat()  # a refresh keeps the same lease
+    config = cluster_node_config(tmp_path, etcd, "ops")
+    shown = json.loads(ctl(config, "cluster", "nodes", "--json").stdout)
+    assert shown == [{"name": "node-a", "alive": True, "address": "192.0.2.7", "blocks": 1,
+                      "networks": ["rail-0"]}]
+    refused = ctl(config, "ipam", "release-node", "node-a")
+    assert refused.returncode == 1 and "is alive" in refused.stderr and blocks_in_etcd(etcd)
+    live.stop()  # the agent stopped: deregistered at once
+    assert json.loads(ctl(config, "ipam", "nodes", "--json").stdout)[0]["alive"] is False
+    released = ctl(config, "ipam", "release-node", "node-a")
+    assert released.returncode == 0 and "released block 10.90.0.0/28 of network rail-0" in released.stdout
+    assert blocks_in_etcd(etcd) == {}
+    # --force for a node whose lease is still alive (known to be gone for good)
+    add(tmp_path, node("node-b", etcd), "b0")
+    cluster.Liveness(node("node-b", etcd), ttl=30).beat()
+    assert ctl(config, "ipam", "release-node", "node-b", "--force").returncode == 0
+    assert blocks_in_etcd(etcd) == {}
+
+
+def test_the_agent_keeps_its_node_registered(tmp_path: Path, etcd: EtcdServer) -> None:
+    from tests.integration.test_agent import start_agent
+    from tests.polling import poll
+
+    config = cluster_node_config(tmp_path, etcd, "node-agent")
+    agent = start_agent(config)
+    try:
+        etcd_client = Etcd(EtcdConfig((etcd.endpoint,)))
+        assert poll(lambda: bool(cluster.alive_nodes(etcd_client, "/tn-test/")), timeout=10)
+        assert cluster.alive_nodes(etcd_client, "/tn-test/")["node-agent"]["address"] == "192.0.2.7"
+    finally:
+        agent.stop()
+    assert cluster.alive_nodes(etcd_client, "/tn-test/") == {}  # revoked on an orderly stop

@@ -1,0 +1,53 @@
+"""The agent's heartbeat in the cluster store: while the agent runs, its node is registered
+(name, underlay address) under a lease renewed every third of its TTL (`ipam.cluster.Liveness`).
+An operator can then see the cluster (`tenantnetctl cluster nodes`), and a node that is
+alive — or only cut off — never has its address blocks taken over without `--force`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+
+class Heartbeat:
+    def __init__(self, node_config: Any, log: Any) -> None:
+        from ipam.cluster import NODE_TTL, Liveness
+        from tenantnet.plugin import ipam_client
+
+        cluster_node = ipam_client.cluster_node(node_config)
+        self.liveness = Liveness(cluster_node, node_config.node_address) if cluster_node else None
+        self.interval = NODE_TTL / 3
+        self.log = log
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        if self.liveness is None:
+            return  # no cluster store in the node config
+        self._thread = threading.Thread(target=self._run, name="tenantnet-heartbeat", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from ipam.etcd import EtcdError, EtcdUnavailable
+
+        assert self.liveness is not None
+        failing = False
+        while not self._stop.is_set():
+            try:
+                self.liveness.beat()
+                if failing:
+                    self.log.info("cluster.heartbeat_restored", node=self.liveness.node.name)
+                failing = False
+            except (EtcdUnavailable, EtcdError) as exc:
+                if not failing:  # once per outage, not every beat
+                    self.log.warning("cluster.heartbeat_failed", node=self.liveness.node.name, error=str(exc))
+                failing = True
+            self._stop.wait(self.interval)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if self.liveness is not None:
+            self.liveness.stop()
