@@ -20,7 +20,8 @@ Each agent keeps its node registered under a liveness lease (`Liveness`); an ope
 returns a dead node's blocks with `tenantnetctl ipam release-node`, refused while the lease
 is alive unless forced — a partitioned node's blocks are never taken over automatically.
 
-Not yet here (issue 14 continues): claiming ahead at a low-water mark.
+In the agent, the next block is claimed ahead of need, on a helper thread, once an ADD
+allocates in the last quarter of the node's highest block (`Ledger.prefetch_if_low`).
 
 A static address (`runtimeConfig.ips`, `IP=`, `args.cni.ips`) is served only by the node
 that owns its block: its ADD claims the block when nobody has it, and is refused (code 111)
@@ -36,9 +37,9 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from cni.errors import CniError, Code
 from cni.result import IPAddress, IPNetwork
@@ -138,6 +139,20 @@ def restrict(cfg: IpamConfig, owned: list[IPNetwork]) -> IpamConfig:
 
 _parsed: dict[str, tuple[tuple[int, int, int], dict[IPNetwork, float | None]]] = {}
 _restricted: dict[tuple[str, tuple[IPNetwork, ...], tuple[RangeSet, ...]], tuple[RangeSet, ...]] = {}
+
+
+# Claiming ahead (`Ledger.prefetch_if_low`): the share of the highest block left when the
+# next block is claimed, and where that claim runs (set by the agent; None: not at all).
+LOW_WATER = 0.25
+_background: Callable[[Callable[[], None]], object] | None = None
+_prefetching: set[tuple[str, int]] = set()
+_prefetching_lock = threading.Lock()
+
+
+def set_background(run: Callable[[Callable[[], None]], object] | None) -> None:
+    """Where ahead-of-need block claims run (e.g. a thread pool's submit)."""
+    global _background
+    _background = run
 
 
 class Ledger:
@@ -275,6 +290,43 @@ class Ledger:
         except EtcdError as exc:
             raise CniError(Code.IO_FAILURE,
                            f"network {self.network!r}: claiming block {block}: {exc}") from None
+
+    def prefetch_if_low(self, cfg: IpamConfig, grants: list[Any]) -> None:
+        """Claim the next block ahead of need, off the ADD's path, when an ADD has just
+        allocated in the last quarter of the highest block this node owns in a range set (the
+        cursor moves up through the node's blocks, so that is "running low"). Only where a
+        background runner is set (the agent: `set_background`); a one-shot exec claims on
+        demand instead. At most one claim per network and range set runs at a time."""
+        if _background is None:
+            return
+        owned = self.owned()
+        for grant in grants:
+            blocks = [b for b in owned if b.version == grant.address.version
+                      and b.subnet_of(grant.range.subnet)]
+            if not blocks:
+                continue
+            top = max(blocks)
+            size = top.num_addresses
+            offset = int(grant.address) - int(top.network_address)
+            if not 0 <= offset < size or offset < size * (1 - LOW_WATER):
+                continue
+            key = (self.path, grant.range_set)
+            with _prefetching_lock:
+                if key in _prefetching:
+                    continue
+                _prefetching.add(key)
+            rs = cfg.range_sets[grant.range_set]
+
+            def run(rs: RangeSet = rs, key: tuple[str, int] = key) -> None:
+                try:
+                    self.claim(rs)
+                except CniError:
+                    pass  # the next ADD that needs the block claims it (and reports why not)
+                finally:
+                    with _prefetching_lock:
+                        _prefetching.discard(key)
+
+            _background(run)
 
     def claim(self, rs: RangeSet) -> IPNetwork:
         """A block of `rs` for this node: one etcd owns already (adopted), else a new one

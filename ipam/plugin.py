@@ -148,10 +148,13 @@ def _allocate_in_blocks(store: Store, cfg: IpamConfig, env: CniEnv, conf: NetCon
             mine = ledger.restricted(cfg)
             if all(rs.ranges for rs in mine.range_sets):
                 try:
-                    return allocator.allocate(txn, mine, owner, requested)
+                    grants = allocator.allocate(txn, mine, owner, requested)
                 except CniError as err:
                     if err.code != Code.POOL_EXHAUSTED:
                         raise
+                else:
+                    ledger.prefetch_if_low(cfg, grants)
+                    return grants
             # The node's blocks are full (or it has none) for some range set: which one is
             # looked up only now, so that an ADD with room pays for nothing of this.
             short = [idx for idx, rs in enumerate(mine.range_sets)

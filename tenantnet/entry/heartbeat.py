@@ -1,7 +1,8 @@
-"""The agent's heartbeat in the cluster store: while the agent runs, its node is registered
+"""The agent's part in cluster mode. Its heartbeat: while the agent runs, its node is registered
 (name, underlay address) under a lease renewed every third of its TTL (`ipam.cluster.Liveness`).
 An operator can then see the cluster (`tenantnetctl cluster nodes`), and a node that is
-alive — or only cut off — never has its address blocks taken over without `--force`.
+alive — or only cut off — never has its address blocks taken over without `--force`. And
+it gives tenantnet-ipam a background runner, so that the next block is claimed ahead of need.
 """
 
 from __future__ import annotations
@@ -25,6 +26,11 @@ class Heartbeat:
     def start(self) -> None:
         if self.liveness is None:
             return  # no cluster store in the node config
+        from ipam import cluster
+
+        # Claims of the next address block ahead of need run beside the requests, never in them.
+        cluster.set_background(lambda work: threading.Thread(target=work, name="tenantnet-block-claim",
+                                                             daemon=True).start())
         self._thread = threading.Thread(target=self._run, name="tenantnet-heartbeat", daemon=True)
         self._thread.start()
 

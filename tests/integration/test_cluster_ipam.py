@@ -250,3 +250,29 @@ def test_the_agent_keeps_its_node_registered(tmp_path: Path, etcd: EtcdServer) -
     finally:
         agent.stop()
     assert cluster.alive_nodes(etcd_client, "/tn-test/") == {}  # revoked on an orderly stop
+
+
+def test_the_next_block_is_claimed_ahead_of_need(tmp_path: Path, etcd: EtcdServer) -> None:
+    """With a background runner (the agent's), an ADD in the last quarter of the node's top
+    block claims the next block beside it; the ADD that then needs it makes no etcd call."""
+    ran: list[threading.Thread] = []
+
+    def background(work: Any) -> None:
+        t = threading.Thread(target=work)
+        ran.append(t)
+        t.start()
+
+    cluster.set_background(background)
+    try:
+        who = node("node-a", etcd)
+        first = [add(tmp_path, who, f"c{i}") for i in range(10)]  # .2-.11 of 10.90.0.0/28
+        assert not ran and len(blocks_in_etcd(etcd)) == 1
+        add(tmp_path, who, "c10")  # .12: offset 12 of 16, the last quarter
+        for t in ran:
+            t.join(10)
+        assert len(ran) == 1 and len(blocks_in_etcd(etcd)) == 2
+        etcd.stop()  # the blocks in hand now carry the next ADDs without etcd
+        more = [add(tmp_path, who, f"d{i}") for i in range(8)]
+        assert len(set(first + more)) == 18
+    finally:
+        cluster.set_background(None)
