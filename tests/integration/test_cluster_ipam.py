@@ -276,3 +276,69 @@ def test_the_next_block_is_claimed_ahead_of_need(tmp_path: Path, etcd: EtcdServe
         assert len(set(first + more)) == 18
     finally:
         cluster.set_background(None)
+
+
+def test_a_three_member_etcd_losing_members(tmp_path: Path) -> None:
+    """One member killed mid-burst: no ADD fails. Two killed (no quorum): ADDs with room in
+    the node's blocks succeed, the others get code 11 promptly. After recovery: everything
+    converges, each address once."""
+    from tests.integration.etcdsupport import EtcdCluster
+    from tests.polling import poll
+
+    members = EtcdCluster(tmp_path / "etcd").start()
+    try:
+        who = ClusterNode("node-a", EtcdConfig(members.endpoints, timeout=2.0), "/tn-test/")
+        other = ClusterNode("node-b", EtcdConfig(members.endpoints, timeout=2.0), "/tn-test/")
+        got = [add(tmp_path, who, f"a{i}") for i in range(20)]
+        members.members[0].stop()  # mid-burst: the client moves to the next member
+        got += [add(tmp_path, who, f"a{i}") for i in range(20, 60)]
+        got += [add(tmp_path, other, f"b{i}") for i in range(30)]
+        members.members[1].stop()  # no quorum left
+        # node-a's 60 addresses filled 14 + 16 + 16 + 14 of its four /28 blocks: two are left.
+        room = [add(tmp_path, who, f"q{i}") for i in range(2)]
+        started = time.monotonic()
+        with pytest.raises(CniError) as err:
+            add(tmp_path, who, "q-next")
+        assert err.value.code == 11 and time.monotonic() - started < 6, "no quorum must fail within the deadline"
+        got += room
+        for m in members.members[:2]:
+            m.start(wait=False)
+        for m in members.members:
+            assert poll(m._healthy, timeout=20), f"member {m.name} did not recover"
+        got += [add(tmp_path, who, f"r{i}") for i in range(30)]
+        assert len(got) == len(set(got))
+        owners = blocks_in_etcd_at(members.endpoints)
+        for a in got:
+            assert ipaddress.ip_address(a) in ipaddress.ip_network("10.90.0.0/24")
+        assert set(owners.values()) == {"node-a", "node-b"}
+    finally:
+        members.remove()
+
+
+def blocks_in_etcd_at(endpoints: tuple[str, ...]) -> dict[str, str]:
+    kvs = Etcd(EtcdConfig(endpoints)).range("/tn-test/ipam/rail-0/blocks/")
+    return {kv.key.rsplit("/", 1)[1]: json.loads(kv.value)["node"] for kv in kvs}
+
+
+def test_tls_to_etcd_with_a_client_certificate(tmp_path: Path) -> None:
+    from tests.integration.etcdsupport import make_test_ca
+
+    tls = make_test_ca(tmp_path / "ca")
+    server = EtcdServer(tmp_path / "etcd")
+    server.tls = tls
+    server.start()
+    try:
+        good = EtcdConfig((server.endpoint,), str(tls["ca"]), str(tls["client_cert"]), str(tls["client_key"]))
+        who = ClusterNode("node-a", good, "/tn-test/")
+        assert add(tmp_path, who, "t0") == "10.90.0.2"
+        # Without a client certificate, or trusting another CA: a clear error, code 11, no hang.
+        other = make_test_ca(tmp_path / "other-ca")
+        for i, (config, needle) in enumerate((
+                (EtcdConfig((server.endpoint,), str(tls["ca"]), timeout=1.0), "bad certificate"),
+                               (EtcdConfig((server.endpoint,), str(other["ca"]), str(tls["client_cert"]),
+                                           str(tls["client_key"]), timeout=1.0), "CERTIFICATE_VERIFY_FAILED"))):
+            with pytest.raises(CniError) as err:
+                add(tmp_path / f"refused{i}", ClusterNode("node-x", config, "/tn-test/"), "t1")
+            assert err.value.code == 11 and needle in err.value.msg, err.value.msg
+    finally:
+        server.remove()
