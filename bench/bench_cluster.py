@@ -31,6 +31,9 @@ WRITES = ("/v3/kv/txn", "/v3/kv/put", "/v3/kv/deleterange")
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--count", type=int, default=2000, help="ADDs per store")
+    parser.add_argument("--nodes", type=int, default=8, help="simulated nodes in the burst")
+    parser.add_argument("--per-node", type=int, default=128, help="ADDs per node in the burst")
+    parser.add_argument("--parallel", type=int, default=16, help="ADDs at a time per node")
     args = parser.parse_args()
     calls: dict[str, int] = {}
     original = Etcd.call
@@ -69,6 +72,7 @@ def main() -> int:
             writes = sum(n for p, n in calls.items() if p in WRITES)
             reads = sum(n for p, n in calls.items() if p not in WRITES)
             blocks = len(Etcd(EtcdConfig((server.endpoint,))).range("/bench/ipam/bench-cluster/blocks/"))
+            burst = node_burst(d, server.endpoint, args.nodes, args.per_node, args.parallel)
         finally:
             server.remove()
     local, clustered = statistics.median(times["local"]), statistics.median(times["cluster"])
@@ -84,7 +88,62 @@ def main() -> int:
           f"{reads} reads for {args.count} ADDs = **{writes / args.count:.4f} writes per ADD** "
           "(target ≤ 1/16 "
           f"= 0.0625); {blocks} blocks claimed.")
+    print(f"\n**Burst on one NAD**: {args.nodes} simulated nodes (own node name and store each) × "
+          f"{args.per_node} ADDs, {args.parallel} at a time per node, all at once, in-process against one "
+          f"etcd; then every DEL (releaseAfter 0). ADDs took {burst['add_s']:.2f} s, DELs "
+          f"{burst['del_s']:.2f} s; {burst['failures']} failures, {burst['duplicates']} duplicate addresses "
+          f"of {burst['addresses']}; blocks claimed {burst['blocks_claimed']}, left after the DELs "
+          f"{burst['blocks_left']}, addresses left {burst['addresses_left']}.")
     return 0
+
+
+def node_burst(d: str, endpoint: str, nodes: int, per_node: int, parallel: int) -> dict[str, float]:
+    """Many nodes claiming blocks and allocating at once on one network, then releasing all."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    limits = Confinement((d,), ())
+    who = [ClusterNode(f"node-{n}", EtcdConfig((endpoint,), timeout=5.0), "/burst/") for n in range(nodes)]
+
+    def conf(n: int) -> object:
+        return parse_netconf({"cniVersion": "1.0.0", "name": "rail-burst", "type": "x", "ipam": {
+            "type": "tenantnet-ipam", "ranges": [[{"subnet": "10.201.0.0/16"}]], "dataDir": f"{d}/burst-{n}",
+            "cluster": {"blockSize": 26, "releaseAfter": 0}}})
+
+    def env(cid: str, command: str) -> object:
+        return parse_env({"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_IFNAME": "net1",
+                          "CNI_NETNS": "/run/netns/b", "CNI_PATH": "/usr/lib/cni"})
+
+    confs = [conf(n) for n in range(nodes)]
+    failures = 0
+    addresses: list[str] = []
+
+    def one(n: int, i: int) -> str:
+        result = plugin.add(env(f"n{n}-{i}", "ADD"), confs[n], limits, who[n])  # type: ignore[arg-type]
+        return str(result.ips[0].address.ip)
+
+    pools = [ThreadPoolExecutor(parallel) for _ in range(nodes)]
+    t0 = time.perf_counter()
+    futures = [(pools[n].submit(one, n, i)) for i in range(per_node) for n in range(nodes)]
+    for f in futures:
+        try:
+            addresses.append(f.result())
+        except Exception:
+            failures += 1
+    add_s = time.perf_counter() - t0
+    etcd = Etcd(EtcdConfig((endpoint,)))
+    claimed = len(etcd.range("/burst/ipam/rail-burst/blocks/"))
+    t0 = time.perf_counter()
+    dels = [pools[n].submit(plugin.delete, env(f"n{n}-{i}", "DEL"), confs[n], limits, who[n])  # type: ignore[arg-type]
+            for i in range(per_node) for n in range(nodes)]
+    for f in dels:
+        f.result()
+    del_s = time.perf_counter() - t0
+    for pool in pools:
+        pool.shutdown()
+    left = sum(len(plugin.open_store(f"{d}/burst-{n}").allocations("rail-burst")) for n in range(nodes))  # type: ignore[union-attr]
+    return {"add_s": add_s, "del_s": del_s, "failures": failures, "addresses": len(addresses),
+            "duplicates": len(addresses) - len(set(addresses)), "blocks_claimed": claimed,
+            "blocks_left": len(etcd.range("/burst/ipam/rail-burst/blocks/")), "addresses_left": left}
 
 
 if __name__ == "__main__":

@@ -107,6 +107,11 @@ def block_of(address: IPAddress, subnet: IPNetwork, sizes: ClusterSettings) -> I
     return ipaddress.ip_network(f"{address}/{prefix}", strict=False)
 
 
+def _in(block: IPNetwork, rs: RangeSet) -> bool:
+    """Whether `block` is one of range set `rs`'s subnets' blocks."""
+    return any(r.family == block.version and block.subnet_of(r.subnet) for r in rs.ranges)  # type: ignore[arg-type]
+
+
 def _owner(value: bytes) -> str:
     try:
         return str(json.loads(value).get("node", ""))
@@ -163,6 +168,7 @@ class Ledger:
         self.dir = os.path.join(data_dir, "cluster")
         self.path = os.path.join(self.dir, f"{network}.blocks")
         self.key_prefix = f"{node.prefix}ipam/{network}/blocks/"
+        self.seen: list[IPNetwork] = []
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
@@ -202,6 +208,7 @@ class Ledger:
         """`restrict(cfg, self.owned())`, computed once per version of the blocks file (an ADD
         with room then costs a stat, not a walk over every block)."""
         blocks = tuple(self._read())
+        self.seen = list(blocks)  # what this view was made from (`claim` compares against it)
         key = (self.path, blocks, cfg.range_sets)
         found = _restricted.get(key)
         if found is None:
@@ -328,7 +335,7 @@ class Ledger:
 
             _background(run)
 
-    def claim(self, rs: RangeSet) -> IPNetwork:
+    def claim(self, rs: RangeSet, seen: list[IPNetwork] | None = None) -> IPNetwork:
         """A block of `rs` for this node: one etcd owns already (adopted), else a new one
         claimed with one transaction. Code 11 when etcd is unreachable, code 110 when every
         block of the range set belongs to some node."""
@@ -336,6 +343,13 @@ class Ledger:
         try:
             with self._locked():
                 known = set(self.owned())
+                if seen is not None:
+                    # A concurrent ADD of this node claimed a block while this one waited for
+                    # the lock: use that one (many ADDs finding the blocks full at once must
+                    # not claim one block each).
+                    fresh = [b for b in known - set(seen) if _in(b, rs)]
+                    if fresh:
+                        return fresh[0]
                 taken: dict[IPNetwork, str] = {}  # block -> owning node
                 for kv in etcd.range(self.key_prefix):
                     try:
@@ -344,8 +358,7 @@ class Ledger:
                         continue
                     taken[block] = _owner(kv.value)
                 adopted = [b for b, o in taken.items() if o == self.node.name and b not in known]
-                wanted = [b for b in adopted if any(b.subnet_of(r.subnet) for r in rs.ranges  # type: ignore[arg-type]
-                                                    if r.family == b.version)]
+                wanted = [b for b in adopted if _in(b, rs)]
                 if adopted:
                     self._remember(sorted(known | set(adopted), key=lambda b: (b.version, b)))
                 if wanted:

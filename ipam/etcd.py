@@ -144,7 +144,7 @@ class Etcd:
                 data = response.read(MAX_RESPONSE + 1)
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(endpoint)
-                tried.append(f"{endpoint}: {exc}")
+                tried.append(f"{endpoint}: {exc}{self._tls_hint(exc)}")
                 continue
             if len(data) > MAX_RESPONSE:
                 self._drop(endpoint)
@@ -164,6 +164,16 @@ class Etcd:
             return answer  # type: ignore[no-any-return]
         raise EtcdUnavailable(f"no etcd endpoint answered within {self.config.timeout:g} s"
                               + (f" ({'; '.join(tried)})" if tried else ""))
+
+    def _tls_hint(self, exc: BaseException) -> str:
+        """What to check when the TLS handshake failed (the server's reason is often only an
+        alert or a closed connection)."""
+        if self._ssl is None or not isinstance(exc, OSError) or type(exc).__module__ != "ssl":
+            return ""
+        if self.config.cert_file:
+            return " — TLS refused: check etcdCaFile against etcd's CA, and that etcd trusts etcdCertFile"
+        return " — TLS refused: check etcdCaFile, and set etcdCertFile/etcdKeyFile if etcd requires client " \
+               "certificates"
 
     def close(self) -> None:
         for endpoint in list(getattr(self._local, "conns", {}) or {}):

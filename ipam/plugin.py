@@ -161,7 +161,7 @@ def _allocate_in_blocks(store: Store, cfg: IpamConfig, env: CniEnv, conf: NetCon
                      if not rs.ranges or allocator.next_free(txn, conf.name, idx, rs) is None]
         if not short:
             continue  # freed meanwhile by a concurrent DEL
-        ledger.claim(cfg.range_sets[short[0]])
+        ledger.claim(cfg.range_sets[short[0]], ledger.seen)
     raise CniError(Code.TRY_AGAIN_LATER, f"network {conf.name!r}: the blocks claimed for this node filled "
                                          "up as fast as they were claimed; try again")
 

@@ -38,10 +38,10 @@ def etcd(tmp_path: Path) -> Iterator[EtcdServer]:
         server.remove()
 
 
-def conf(tmp: Path, node: str, subnet: str = "10.90.0.0/24", block: int = 28, **ipam: Any) -> Any:
+def conf(tmp: Path, node: str, subnet: str = "10.90.0.0/24", block: int = 28, **cluster: Any) -> Any:
     return parse_netconf({"cniVersion": "1.0.0", "name": "rail-0", "type": "tenantnet",
                           "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": subnet}]],
-                                   "dataDir": str(tmp / node), "cluster": {"blockSize": block}, **ipam}})
+                                   "dataDir": str(tmp / node), "cluster": {"blockSize": block, **cluster}}})
 
 
 def env(cid: str, command: str = "ADD", args: str = "") -> Any:
@@ -334,7 +334,7 @@ def test_tls_to_etcd_with_a_client_certificate(tmp_path: Path) -> None:
         # Without a client certificate, or trusting another CA: a clear error, code 11, no hang.
         other = make_test_ca(tmp_path / "other-ca")
         for i, (config, needle) in enumerate((
-                (EtcdConfig((server.endpoint,), str(tls["ca"]), timeout=1.0), "bad certificate"),
+                (EtcdConfig((server.endpoint,), str(tls["ca"]), timeout=1.0), "set etcdCertFile/etcdKeyFile"),
                                (EtcdConfig((server.endpoint,), str(other["ca"]), str(tls["client_cert"]),
                                            str(tls["client_key"]), timeout=1.0), "CERTIFICATE_VERIFY_FAILED"))):
             with pytest.raises(CniError) as err:
@@ -342,3 +342,35 @@ def test_tls_to_etcd_with_a_client_certificate(tmp_path: Path) -> None:
             assert err.value.code == 11 and needle in err.value.msg, err.value.msg
     finally:
         server.remove()
+
+
+def test_many_nodes_at_once_then_all_released(tmp_path: Path, etcd: EtcdServer) -> None:
+    """4 nodes × 32 ADDs, 8 at a time per node, on one NAD: no duplicate, no failure; then
+    every DEL (releaseAfter 0): no address and no block left."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    limits = Confinement((str(tmp_path),), ())
+    nodes = [node(f"node-{n}", etcd) for n in range(4)]
+
+    def c(who: ClusterNode) -> Any:
+        return conf(tmp_path, who.name, subnet="10.94.0.0/22", block=27, releaseAfter=0)
+
+    pools = [ThreadPoolExecutor(8) for _ in nodes]
+    try:
+        adds = [(pools[n].submit(plugin.add, env(f"{who.name}-{i}"), c(who), limits, who))
+                for i in range(32) for n, who in enumerate(nodes)]
+        got = [str(f.result().ips[0].address.ip) for f in adds]
+        assert len(got) == len(set(got)) == 128
+        owners = blocks_in_etcd(etcd)
+        assert set(owners.values()) == {n.name for n in nodes}
+        dels = [pools[n].submit(plugin.delete, env(f"{who.name}-{i}", "DEL"), c(who), limits, who)
+                for i in range(32) for n, who in enumerate(nodes)]
+        for f in dels:
+            f.result()
+    finally:
+        for pool in pools:
+            pool.shutdown()
+    assert blocks_in_etcd(etcd) == {}
+    for who in nodes:
+        store = plugin.open_store(str(tmp_path / who.name), create=False)
+        assert store is not None and store.allocations("rail-0") == []
