@@ -16,7 +16,7 @@ this node's before it claims a new one.
 A block that has held no address for `releaseAfter` seconds (default 300) goes back to the
 pool on a later DEL or GC of the network (`Ledger.return_empty`).
 
-Each agent keeps its node registered under a liveness lease (`Liveness`); an operator
+Each agent keeps its node registered under a liveness lease (`ipam/nodes.py`); an operator
 returns a dead node's blocks with `tenantnetctl ipam release-node`, refused while the lease
 is alive unless forced — a partitioned node's blocks are never taken over automatically.
 
@@ -46,10 +46,10 @@ from cni.result import IPAddress, IPNetwork
 from hostfiles.confined import ensure_private_dir
 from ipam.config import ClusterSettings, IpamConfig, Range, RangeSet
 from ipam.etcd import Etcd, EtcdConfig, EtcdError, EtcdUnavailable
-
-__all__ = ["ClusterNode", "EtcdError", "EtcdUnavailable", "Ledger", "Liveness", "alive_nodes", "block_of",
-           "blocks_by_node", "blocks_of", "release_node", "restrict"]
 from ipam.store import Store
+
+__all__ = ["ClusterNode", "EtcdError", "EtcdUnavailable", "Ledger", "block_of", "blocks_of", "client",
+           "owner_of", "restrict"]
 
 DEFAULT_PREFIX = "/tenantnet/"
 MAX_CLAIM_ATTEMPTS = 64  # blocks raced for and lost before giving up (other nodes claiming)
@@ -112,7 +112,8 @@ def _in(block: IPNetwork, rs: RangeSet) -> bool:
     return any(r.family == block.version and block.subnet_of(r.subnet) for r in rs.ranges)  # type: ignore[arg-type]
 
 
-def _owner(value: bytes) -> str:
+def owner_of(value: bytes) -> str:
+    """The node a block key's value names."""
     try:
         return str(json.loads(value).get("node", ""))
     except (ValueError, AttributeError):
@@ -261,7 +262,7 @@ class Ledger:
         for block in returned:
             key = self.key_prefix + _block_name(block)
             kv = etcd.get(key)
-            if kv is not None and _owner(kv.value) == self.node.name:
+            if kv is not None and owner_of(kv.value) == self.node.name:
                 etcd.delete_if(key, kv.value)
         return returned
 
@@ -283,7 +284,7 @@ class Ledger:
                     return
                 if not etcd.create(key, self._value()):
                     kv = etcd.get(key)
-                    owner = _owner(kv.value) if kv is not None else "?"
+                    owner = owner_of(kv.value) if kv is not None else "?"
                     if owner != self.node.name:
                         raise CniError(Code.ADDRESS_UNAVAILABLE,
                                        f"requested address {address} of network {self.network!r} is in block "
@@ -356,7 +357,7 @@ class Ledger:
                         block = _parse_block(kv.key[len(self.key_prefix):])
                     except ValueError:
                         continue
-                    taken[block] = _owner(kv.value)
+                    taken[block] = owner_of(kv.value)
                 adopted = [b for b, o in taken.items() if o == self.node.name and b not in known]
                 wanted = [b for b in adopted if _in(b, rs)]
                 if adopted:
@@ -384,81 +385,3 @@ class Ledger:
                        f"pool exhausted: network {self.network!r} has no unclaimed block left in "
                        f"{rs.describe()} (every block belongs to a node)",
                        "release addresses, or blocks of nodes that are gone")
-
-
-# ---- nodes: liveness and the operator's release of a dead node's blocks --------------------
-
-NODE_TTL = 15  # seconds a node stays "alive" in etcd after its agent's last heartbeat
-
-
-def node_key(prefix: str, name: str) -> str:
-    return f"{prefix}nodes/{name}"
-
-
-class Liveness:
-    """A node's registration (name, underlay address) under a lease its agent keeps alive:
-    while the key exists, the node might still be serving its blocks, so they are never
-    taken over (`release_node` refuses without force)."""
-
-    def __init__(self, node: ClusterNode, address: str | None = None, ttl: int = NODE_TTL) -> None:
-        self.node, self.address, self.ttl = node, address, ttl
-        self.lease = 0
-
-    def beat(self) -> None:
-        """Register, or refresh the lease; EtcdUnavailable / EtcdError when etcd is away."""
-        etcd = client(self.node.etcd)
-        if self.lease and etcd.lease_keepalive(self.lease) > 0:
-            return
-        self.lease = etcd.lease_grant(self.ttl)
-        info = {"name": self.node.name, "address": self.address, "since": round(time.time(), 3)}
-        etcd.put(node_key(self.node.prefix, self.node.name), json.dumps(info).encode(), lease=self.lease)
-
-    def stop(self) -> None:
-        """Deregister at once (an orderly agent stop); best effort."""
-        if self.lease:
-            try:
-                client(self.node.etcd).lease_revoke(self.lease)
-            except (EtcdUnavailable, EtcdError):
-                pass
-            self.lease = 0
-
-
-def alive_nodes(etcd: Etcd, prefix: str) -> dict[str, dict[str, object]]:
-    """Registered nodes (their lease alive), by name."""
-    out: dict[str, dict[str, object]] = {}
-    for kv in etcd.range(f"{prefix}nodes/"):
-        try:
-            info = json.loads(kv.value)
-        except ValueError:
-            info = {}
-        name = kv.key.rsplit("/", 1)[1]
-        out[name] = {**(info if isinstance(info, dict) else {}), "name": name}
-    return out
-
-
-def blocks_by_node(etcd: Etcd, prefix: str) -> dict[str, list[tuple[str, str]]]:
-    """Every claimed block, as (network, block) per owning node."""
-    out: dict[str, list[tuple[str, str]]] = {}
-    base = f"{prefix}ipam/"
-    for kv in etcd.range(base):
-        network, sep, block = kv.key[len(base):].partition("/blocks/")
-        if sep:
-            out.setdefault(_owner(kv.value), []).append((network, block.replace("_", "/")))
-    return out
-
-
-def release_node(etcd: Etcd, prefix: str, name: str, force: bool = False) -> list[tuple[str, str]]:
-    """Return every block of node `name` to the pool (the operator's action for a node that
-    is gone for good); refused while the node's liveness lease is alive, unless `force`.
-    Only blocks still owned by `name` are deleted (compared in the same transaction)."""
-    if not force and name in alive_nodes(etcd, prefix):
-        raise CniError(Code.TRY_AGAIN_LATER,
-                       f"node {name!r} is alive (its agent renews its lease in etcd): its blocks may "
-                       "still be serving pods; stop it first, or pass --force if it is truly gone")
-    released = []
-    base = f"{prefix}ipam/"
-    for kv in etcd.range(base):
-        network, sep, block = kv.key[len(base):].partition("/blocks/")
-        if sep and _owner(kv.value) == name and etcd.delete_if(kv.key, kv.value):
-            released.append((network, block.replace("_", "/")))
-    return released

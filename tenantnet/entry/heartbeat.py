@@ -13,7 +13,7 @@ from typing import Any
 
 class Heartbeat:
     def __init__(self, node_config: Any, log: Any) -> None:
-        from ipam.cluster import NODE_TTL, Liveness
+        from ipam.nodes import NODE_TTL, Liveness
         from tenantnet.plugin import ipam_client
 
         cluster_node = ipam_client.cluster_node(node_config)

@@ -130,14 +130,15 @@ def _cluster_store(args: argparse.Namespace) -> Any:
 
 def cmd_nodes(args: argparse.Namespace) -> int:
     from ipam import cluster
+    from ipam import nodes as ipam_nodes
 
     store = _cluster_store(args)
     if store is None:
         return 1
     etcd, prefix = store
     try:
-        alive = cluster.alive_nodes(etcd, prefix)
-        blocks = cluster.blocks_by_node(etcd, prefix)
+        alive = ipam_nodes.alive_nodes(etcd, prefix)
+        blocks = ipam_nodes.blocks_by_node(etcd, prefix)
     except (cluster.EtcdUnavailable, cluster.EtcdError) as exc:
         print(f"tenantnetctl: {exc}", file=sys.stderr)
         return 1
@@ -158,13 +159,14 @@ def cmd_nodes(args: argparse.Namespace) -> int:
 
 def cmd_release_node(args: argparse.Namespace) -> int:
     from ipam import cluster
+    from ipam import nodes as ipam_nodes
 
     store = _cluster_store(args)
     if store is None:
         return 1
     etcd, prefix = store
     try:
-        released = cluster.release_node(etcd, prefix, args.node, args.force)
+        released = ipam_nodes.release_node(etcd, prefix, args.node, args.force)
     except CniError as err:
         print(f"tenantnetctl ipam release-node: {err.msg}", file=sys.stderr)
         return 1

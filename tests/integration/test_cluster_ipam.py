@@ -21,6 +21,7 @@ from cni.env import parse_env
 from cni.errors import CniError
 from cni.netconf import parse_netconf
 from ipam import cluster, plugin
+from ipam import nodes as ipam_nodes
 from ipam.cluster import ClusterNode
 from ipam.config import ClusterSettings, Confinement
 from ipam.etcd import Etcd, EtcdConfig
@@ -216,7 +217,7 @@ def cluster_node_config(tmp: Path, server: EtcdServer, name: str) -> Path:
 def test_a_live_nodes_blocks_are_released_only_by_force(tmp_path: Path, etcd: EtcdServer) -> None:
     who = node("node-a", etcd)
     add(tmp_path, who, "a0")
-    live = cluster.Liveness(who, "192.0.2.7", ttl=30)
+    live = ipam_nodes.Liveness(who, "192.0.2.7", ttl=30)
     live.beat()
     live.beat()  # a refresh keeps the same lease
     config = cluster_node_config(tmp_path, etcd, "ops")
@@ -232,7 +233,7 @@ def test_a_live_nodes_blocks_are_released_only_by_force(tmp_path: Path, etcd: Et
     assert blocks_in_etcd(etcd) == {}
     # --force for a node whose lease is still alive (known to be gone for good)
     add(tmp_path, node("node-b", etcd), "b0")
-    cluster.Liveness(node("node-b", etcd), ttl=30).beat()
+    ipam_nodes.Liveness(node("node-b", etcd), ttl=30).beat()
     assert ctl(config, "ipam", "release-node", "node-b", "--force").returncode == 0
     assert blocks_in_etcd(etcd) == {}
 
@@ -245,11 +246,11 @@ def test_the_agent_keeps_its_node_registered(tmp_path: Path, etcd: EtcdServer) -
     agent = start_agent(config)
     try:
         etcd_client = Etcd(EtcdConfig((etcd.endpoint,)))
-        assert poll(lambda: bool(cluster.alive_nodes(etcd_client, "/tn-test/")), timeout=10)
-        assert cluster.alive_nodes(etcd_client, "/tn-test/")["node-agent"]["address"] == "192.0.2.7"
+        assert poll(lambda: bool(ipam_nodes.alive_nodes(etcd_client, "/tn-test/")), timeout=10)
+        assert ipam_nodes.alive_nodes(etcd_client, "/tn-test/")["node-agent"]["address"] == "192.0.2.7"
     finally:
         agent.stop()
-    assert cluster.alive_nodes(etcd_client, "/tn-test/") == {}  # revoked on an orderly stop
+    assert ipam_nodes.alive_nodes(etcd_client, "/tn-test/") == {}  # revoked on an orderly stop
 
 
 def test_the_next_block_is_claimed_ahead_of_need(tmp_path: Path, etcd: EtcdServer) -> None:
