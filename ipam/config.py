@@ -34,6 +34,9 @@ class Confinement(NamedTuple):
 
     data_dirs: tuple[str, ...] = (DEFAULT_DATA_DIR, HOST_LOCAL_DATA_DIR)
     resolv_conf_paths: tuple[str, ...] = ("/etc/resolv.conf", "/etc/tenantnet/resolv.d")
+    # tenantnet-ipam's store when a config names no dataDir (the node config's ipamDataDir):
+    # one NAD, a store per node wherever the admin keeps it.
+    default_data_dir: str = DEFAULT_DATA_DIR
 
 
 DEFAULT_CONFINEMENT = Confinement()
@@ -383,9 +386,9 @@ def _dns(raw: Any) -> DNS:
     return dns
 
 
-def data_dir_of(ipam: dict[str, Any]) -> str:
-    """`dataDir`, checked: it becomes a path we create files in."""
-    value = ipam.get("dataDir") or DEFAULT_DATA_DIR
+def data_dir_of(ipam: dict[str, Any], default: str = DEFAULT_DATA_DIR) -> str:
+    """`dataDir` (else `default`), checked: it becomes a path we create files in."""
+    value = ipam.get("dataDir") or default
     if not isinstance(value, str):
         raise invalid_config("ipam.dataDir", value, "must be an absolute path string")
     if not os.path.isabs(value) or "\0" in value or ".." in value.split("/"):

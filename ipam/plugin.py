@@ -70,7 +70,7 @@ def _limits(limits: Confinement | None) -> Confinement:
 
 def _data_dir(ipam: object, limits: Confinement | None) -> str:
     """The config's dataDir, inside the directories the node allows (code 7 otherwise)."""
-    value = data_dir_of(ipam if isinstance(ipam, dict) else {})
+    value = data_dir_of(ipam if isinstance(ipam, dict) else {}, _limits(limits).default_data_dir)
     return confined_dir("ipam.dataDir", value, _limits(limits).data_dirs)
 
 

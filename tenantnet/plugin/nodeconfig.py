@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from cni.errors import CniError, Code
-from hostfiles.confined import plain_path_problem
+from hostfiles.confined import plain_path_problem, within
 from ipam.config import DEFAULT_CONFINEMENT
 from tenantnet.plugin import nodepath
 from tenantnet.plugin.log import level_number
@@ -61,6 +61,8 @@ class NodeConfig:
     ovs_configuration_paths: tuple[str, ...] = DEFAULT_OVS_CONFIGURATION_PATHS
     resolv_conf_paths: tuple[str, ...] = DEFAULT_RESOLV_CONF_PATHS
     ipam_data_dirs: tuple[str, ...] = DEFAULT_IPAM_DATA_DIRS
+    # tenantnet-ipam's store when a network config names no dataDir (one of ipam_data_dirs).
+    ipam_data_dir: str = DEFAULT_CONFINEMENT.default_data_dir
     # OVSDB endpoints a NAD's socket_file may name, besides `ovsdb`.
     ovsdb_endpoints: tuple[str, ...] = ()
     # Cluster mode of tenantnet-ipam (docs/ipam.md): this node's name and the cluster store.
@@ -106,6 +108,8 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                               "a list of absolute paths a NAD's configuration_path may name or be below"),
     "resolvConfPaths": ("resolv_conf_paths", list,
                         "a list of absolute paths a NAD's ipam.resolvConf may name or be below"),
+    "ipamDataDir": ("ipam_data_dir", str, "an absolute directory path inside one of ipamDataDirs "
+                                          "(tenantnet-ipam's store when a network config names no dataDir)"),
     "ipamDataDirs": ("ipam_data_dirs", list,
                      "a list of absolute directories a NAD's ipam.dataDir may name or be below"),
     "ovsdbEndpoints": ("ovsdb_endpoints", list,
@@ -128,6 +132,7 @@ _PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
 
 
 _PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir",
+              "ipamDataDir",
               "etcdCaFile", "etcdCertFile", "etcdKeyFile")
 _ETCD_URL = re.compile(r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?")
 _NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
@@ -246,6 +251,11 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             if not (prefix.startswith("/") and prefix.endswith("/")) or not prefix.isprintable():
                 raise _bad(path, key, value, allowed)
         values[attr] = value
+    config = replace(NodeConfig(), **values)
+    # Checked only when given: without it an omitted dataDir is refused per call (settings).
+    if "ipam_data_dir" in values and not within(config.ipam_data_dir, config.ipam_data_dirs):
+        raise _bad(path, "ipamDataDir", config.ipam_data_dir, _KEYS["ipamDataDir"][2] +
+                   f" ({', '.join(config.ipam_data_dirs)})")
     # The shim reads agentSocket without YAML (nodepath): one reading for both, or none.
     seen, _ = nodepath.agent_socket_of(path)
     if values.get("agent_socket", DEFAULT_AGENT_SOCKET) != seen:
@@ -253,4 +263,4 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
                        f"invalid node config {path}: agentSocket is {values.get('agent_socket')!r} to a "
                        f"YAML reader but {seen!r} to the tenantnet shim; write it as one plain top-level "
                        "line `agentSocket: /path`")
-    return replace(NodeConfig(), **values)
+    return config

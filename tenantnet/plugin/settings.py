@@ -145,7 +145,8 @@ def ipam_paths(ipam: dict[str, Any], node: NodeConfig) -> None:
     if ipam.get("dataDir") not in (None, ""):
         confined_dir("ipam.dataDir", ipam["dataDir"], node.ipam_data_dirs)
     else:
-        default = DEFAULT_DATA_DIRS.get(ipam.get("type", ""))
+        default = node.ipam_data_dir if ipam.get("type") == "tenantnet-ipam" else \
+            DEFAULT_DATA_DIRS.get(ipam.get("type", ""))
         if default is not None and not within(default, node.ipam_data_dirs):
             raise invalid_config("ipam.dataDir", None, f"is not set, and {ipam['type']}'s default {default} "
                                                        "is not one of the node config's ipamDataDirs "

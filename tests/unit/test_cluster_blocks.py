@@ -87,3 +87,29 @@ def test_release_after_is_bounded() -> None:
         with pytest.raises(CniError) as err:
             parse_ipam(ipam("10.1.0.0/24", releaseAfter=bad))
         assert "ipam.cluster.releaseAfter" in err.value.msg
+
+
+def test_the_node_default_for_an_omitted_data_dir(tmp_path: Path) -> None:
+    """ipamDataDir: one NAD without dataDir, a store wherever each node's admin keeps it."""
+    from cni.env import parse_env
+    from cni.netconf import parse_netconf
+    from ipam import plugin
+    from tenantnet.plugin import settings
+
+    store = tmp_path / "stores" / "node-1"
+    path = tmp_path / "n.yaml"
+    path.write_text(f"ipamDataDirs: [{tmp_path}/stores]\nipamDataDir: {store}\n")
+    node = nodeconfig.load(str(path))
+    settings.ipam_paths({"type": "tenantnet-ipam"}, node)  # allowed: the node's default
+    with pytest.raises(CniError):
+        settings.ipam_paths({"type": "host-local"}, node)  # host-local's own default is not
+    conf = parse_netconf({"cniVersion": "1.0.0", "name": "n", "type": "x",
+                          "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.9.0.0/24"}]]}})
+    env = parse_env({"CNI_COMMAND": "ADD", "CNI_CONTAINERID": "c1", "CNI_IFNAME": "net1",
+                     "CNI_NETNS": "/run/netns/x", "CNI_PATH": "/x"})
+    plugin.add(env, conf, ipam_client.confinement(node))
+    assert (store / "ipam.db").exists()
+    path.write_text(f"ipamDataDirs: [{tmp_path}/stores]\nipamDataDir: /var/lib/elsewhere\n")
+    with pytest.raises(CniError) as err:
+        nodeconfig.load(str(path))
+    assert "ipamDataDir" in err.value.msg and f"{tmp_path}/stores" in err.value.msg
