@@ -2,6 +2,8 @@
 # The tenantnet demo on the built-in lab: three pods on two tenant VLANs of one OVS bridge.
 # Pods a and b share VLAN 100; pod c is on VLAN 200 *in the same IP subnet*, so the only
 # thing keeping c from a is the VLAN tag — exactly what the ping matrix shows.
+# Act 2: three simulated nodes (`lab up --nodes 3`) share one NAD per tenant through
+# tenantnet-ipam's cluster mode on etcd; tenant A reaches across the underlay, B does not.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -63,4 +65,64 @@ for port in $PORTS; do [ -e "/sys/class/net/$port" ] && left=$((left+1)); done
 pods_left=$(ip netns list | grep -c '^tnpod_demo_' || true)
 echo "  host links of the demo's attachments left: $left; demo pod namespaces left: $pods_left"
 [ "$left" -eq 0 ] && [ "$pods_left" -eq 0 ] || failures=$((failures+1))
+
+# ---- act 2: one NAD over three nodes ---------------------------------------------------------
+# A simulation on this machine: three nodes, each its own OVS and node config, joined by a
+# trunk top-of-rack switch; one etcd holds tenantnet-ipam's per-node address blocks.
+CL=/run/tenantnet-lab-cluster
+NADS=$(mktemp -d)
+for t in a:100:10:99 b:200:100:199; do
+  IFS=: read -r name vlan lo hi <<<"$t"
+  cat > "$NADS/tenant-$name.json" <<JSON
+{"cniVersion": "1.0.0", "name": "rail-$name", "type": "tenantnet", "bridge": "br-lab", "vlan": $vlan,
+ "ipam": {"type": "tenantnet-ipam", "cluster": {"blockSize": 28, "releaseAfter": 0},
+          "ranges": [[{"subnet": "10.60.0.0/24", "rangeStart": "10.60.0.$lo", "rangeEnd": "10.60.0.$hi"}]]}}
+JSON
+done
+N() { echo "$CL/node$1/tenantnet.yaml"; }
+cleanup2() {
+  set +e
+  bold "act 2: detaching every pod and taking the three nodes down"
+  $CTL --node-config "$(N 1)" detach --config "$NADS/tenant-a.json" --pod demo2/a1 >/dev/null 2>&1
+  $CTL --node-config "$(N 2)" detach --config "$NADS/tenant-a.json" --pod demo2/a2 >/dev/null 2>&1
+  $CTL --node-config "$(N 3)" detach --config "$NADS/tenant-a.json" --pod demo2/a3 >/dev/null 2>&1
+  $CTL --node-config "$(N 2)" detach --config "$NADS/tenant-b.json" --pod demo2/b2 >/dev/null 2>&1
+  $CTL lab down --dir $CL >/dev/null
+  rm -rf "$NADS"
+}
+trap cleanup2 EXIT
+
+bold "act 2: three simulated nodes, a trunk top-of-rack switch, etcd (a simulation)"
+$CTL lab up --nodes 3 --dir $CL
+
+bold "act 2: tenant A's pods on nodes 1, 2 and 3; tenant B's on node 2 (same subnet, VLAN 200)"
+$CTL --node-config "$(N 1)" attach --config "$NADS/tenant-a.json" --pod demo2/a1 --ifname net1 >/dev/null
+$CTL --node-config "$(N 2)" attach --config "$NADS/tenant-a.json" --pod demo2/a2 --ifname net1 >/dev/null
+$CTL --node-config "$(N 3)" attach --config "$NADS/tenant-a.json" --pod demo2/a3 --ifname net1 >/dev/null
+$CTL --node-config "$(N 2)" attach --config "$NADS/tenant-b.json" --pod demo2/b2 --ifname net1 >/dev/null
+addr2() { ip -n "tnpod_demo2_$1" -4 -o addr show dev net1 | awk '{print $4}' | cut -d/ -f1; }
+A1=$(addr2 a1); A2=$(addr2 a2); A3=$(addr2 a3); B2=$(addr2 b2)
+echo "  addresses: a1 $A1 (node1), a2 $A2 (node2), a3 $A3 (node3), b2 $B2 (node2)"
+unique=$(printf '%s\n' "$A1" "$A2" "$A3" "$B2" | sort -u | wc -l)
+if [ "$unique" -eq 4 ]; then echo "  [ok  ] four pods, four addresses from one pool per network"; else
+  echo "  [FAIL] duplicate addresses across nodes"; failures=$((failures+1)); fi
+$CTL --node-config "$(N 1)" ipam nodes
+
+bold "act 2: reachability across the underlay (real ICMP)"
+probe2() {  # from to-addr expectation
+  if ip netns exec "tnpod_demo2_$1" ping -c 2 -i 0.2 -W 1 "$2" >/dev/null 2>&1; then got=reaches; else got=blocked; fi
+  if [ "$got" = "$3" ]; then mark="ok  "; else mark="FAIL"; failures=$((failures+1)); fi
+  printf '  [%s] demo2/%s -> %-12s %-8s (expected: %s)\n' "$mark" "$1" "$2" "$got" "$3"
+}
+probe2 a1 "$A2" reaches   # tenant A, node 1 -> node 2
+probe2 a2 "$A3" reaches   # tenant A, node 2 -> node 3
+probe2 a1 "$B2" blocked   # tenant B on the same rail, another VLAN
+probe2 b2 "$A2" blocked   # ... even on the same node
+
+trap - EXIT
+cleanup2
+pods_left=$(ip netns list | grep -c '^tnpod_demo2_' || true)
+echo "  act 2: pod namespaces left: $pods_left; cluster lab directory left: $([ -e $CL ] && echo yes || echo no)"
+[ "$pods_left" -eq 0 ] && [ ! -e $CL ] || failures=$((failures+1))
+
 if [ "$failures" -eq 0 ]; then bold "demo passed"; else bold "demo FAILED ($failures problems)"; exit 1; fi

@@ -13,6 +13,7 @@ import json
 import sys
 from typing import Any
 
+from tenantnet.lab import cluster
 from tenantnet.lab import node as lab
 
 
@@ -40,6 +41,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                            help="the simulated NIC in switchdev mode: VF representors for OVS offload")
             p.add_argument("--dpdk-vfs", type=int, default=0, metavar="K",
                            help="bind the last K simulated VFs to vfio-pci (DPDK mode)")
+            p.add_argument("--nodes", type=int, default=1, metavar="N",
+                           help="N simulated nodes (1-8), each its own OVS and node config, joined by a "
+                                "trunk top-of-rack switch, with a private etcd for cluster IPAM")
+            p.add_argument("--no-etcd", action="store_true", help="with --nodes: no etcd")
             p.add_argument("--refuse", action="append", metavar="FIELD",
                            choices=["mac", "vlan", "spoofchk", "trust", "link_state", "rate"],
                            help="make the simulated NIC refuse this VF attribute (repeatable)")
@@ -53,7 +58,13 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if args.lab_command == "up" and not (0 <= args.vfs <= 16 and 0 <= args.dpdk_vfs <= args.vfs):
         print("tenantnetctl lab up: --vfs must be 0-16 and --dpdk-vfs at most --vfs", file=sys.stderr)
         return 2
+    if args.lab_command == "up" and not 1 <= args.nodes <= 8:
+        print("tenantnetctl lab up: --nodes must be 1-8", file=sys.stderr)
+        return 2
     try:
+        multi = args.nodes > 1 if args.lab_command == "up" else cluster.is_cluster(args.dir)
+        if multi:
+            return _cmd_cluster(args)
         if args.lab_command == "up":
             info = lab.up(args.dir, args.bridge, vfs=args.vfs, dpdk_vfs=args.dpdk_vfs,
                           refuse=args.refuse or [], switchdev=args.switchdev)
@@ -84,3 +95,26 @@ def cmd_lab(args: argparse.Namespace) -> int:
     except lab.LabError as exc:
         print(f"tenantnetctl lab {args.lab_command}: {exc}", file=sys.stderr)
         return 1
+
+
+def _cmd_cluster(args: argparse.Namespace) -> int:
+    """`lab up --nodes N`, and status/down of such a lab (tenantnet/lab/cluster.py)."""
+    if args.lab_command == "up":
+        meta = cluster.up(args.dir, args.nodes, vfs=args.vfs, etcd=not args.no_etcd)
+    elif args.lab_command == "down":
+        removed = cluster.down(args.dir)
+        print(f"cluster lab is down; removed: {', '.join(removed) or 'nothing'}")
+        return 0
+    else:
+        meta = cluster.status(args.dir) or {"nodes": [], "running": False, "etcd": None}
+    shown = {"root": args.dir, "running": meta.get("running", False), "etcd": meta.get("etcd"),
+             "nodes": [{"name": n["name"], "node_config": n["node_config"], "bridge": n["bridge"]}
+                       for n in meta["nodes"]]}
+    if getattr(args, "json", False):
+        print(json.dumps(shown, indent=2))
+    else:
+        print(f"cluster lab {args.dir}: {len(shown['nodes'])} simulated nodes, "
+              f"{'running' if shown['running'] else 'not running'}; etcd {shown['etcd'] or 'none'}")
+        for n in shown["nodes"]:
+            print(f"  {n['name']}: bridge {n['bridge']}, node config {n['node_config']}")
+    return 0 if shown["running"] else 3

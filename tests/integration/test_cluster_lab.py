@@ -1,0 +1,108 @@
+"""The multi-node lab (a simulation): three nodes, each its own OVS and node config, joined by
+a trunk top-of-rack switch, one etcd. Tenant A's pods on two nodes reach each other across
+the underlay; tenant B on the same rail (another VLAN) is unreachable; addresses come from
+one pool without a duplicate; `lab down` leaves nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenantnet.lab import cluster
+
+pytestmark = pytest.mark.root
+PLUGIN = str(Path(sys.executable).parent / "tenantnet")
+
+
+def nad(name: str, vlan: int, lo: str, hi: str) -> dict[str, Any]:
+    return {"cniVersion": "1.0.0", "name": name, "type": "tenantnet", "bridge": "br-lab", "vlan": vlan,
+            "ipam": {"type": "tenantnet-ipam", "cluster": {"blockSize": 28, "releaseAfter": 0},
+                     "ranges": [[{"subnet": "10.96.0.0/24", "rangeStart": lo, "rangeEnd": hi}]]}}
+
+
+TENANT_A = nad("tenant-a", 100, "10.96.0.10", "10.96.0.99")
+TENANT_B = nad("tenant-b", 200, "10.96.0.100", "10.96.0.199")
+
+
+@pytest.fixture
+def lab3(tmp_path: Path) -> Iterator[dict[str, Any]]:
+    meta = cluster.up(str(tmp_path / "cluster"), 3)
+    try:
+        yield meta
+    finally:
+        cluster.down(str(tmp_path / "cluster"))
+
+
+class Pods:
+    def __init__(self) -> None:
+        self.made: list[tuple[dict[str, Any], str, str, dict[str, Any]]] = []
+
+    def call(self, node: dict[str, Any], verb: str, ns: str, cid: str, conf: dict[str, Any]) -> Any:
+        env = {"PATH": os.environ["PATH"], "TENANTNET_CONFIG": node["node_config"], "CNI_COMMAND": verb,
+               "CNI_CONTAINERID": cid, "CNI_NETNS": f"/run/netns/{ns}" if ns else "", "CNI_IFNAME": "net1",
+               "CNI_PATH": f"{Path(PLUGIN).parent}:/usr/lib/cni"}
+        return subprocess.run([PLUGIN], input=json.dumps(conf).encode(), env=env, capture_output=True, timeout=60)
+
+    def attach(self, node: dict[str, Any], conf: dict[str, Any]) -> tuple[str, str]:
+        ns, cid = f"tcl{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+        subprocess.run(["ip", "netns", "add", ns], check=True)
+        self.made.append((node, ns, cid, conf))
+        proc = self.call(node, "ADD", ns, cid, conf)
+        assert proc.returncode == 0, proc.stdout
+        return ns, json.loads(proc.stdout)["ips"][0]["address"].split("/")[0]
+
+    def remove_all(self) -> None:
+        for node, ns, cid, conf in reversed(self.made):
+            assert self.call(node, "DEL", ns, cid, conf).returncode == 0
+            subprocess.run(["ip", "netns", "delete", ns], check=False)
+        self.made.clear()
+
+
+def reaches(ns: str, address: str) -> bool:
+    return subprocess.run(["ip", "netns", "exec", ns, "ping", "-c", "2", "-W", "1", address],
+                          capture_output=True).returncode == 0
+
+
+def test_tenants_across_nodes(lab3: dict[str, Any], tmp_path: Path) -> None:
+    node1, node2, node3 = lab3["nodes"]
+    pods = Pods()
+    try:
+        a1, ip_a1 = pods.attach(node1, TENANT_A)
+        a2, ip_a2 = pods.attach(node2, TENANT_A)
+        _, ip_a3 = pods.attach(node3, TENANT_A)
+        b2, ip_b2 = pods.attach(node2, TENANT_B)
+        addresses = [ip_a1, ip_a2, ip_a3, ip_b2]
+        assert len(set(addresses)) == 4, addresses  # one pool per network across the nodes
+        assert reaches(a1, ip_a2) and reaches(a2, ip_a3)  # tenant A across the underlay
+        assert not reaches(a1, ip_b2) and not reaches(b2, ip_a2)  # tenant B's VLAN is another rail
+        nodes = json.loads(subprocess.run(
+            [sys.executable, "-m", "tenantnet.ops.ctl", "--node-config", node1["node_config"], "ipam", "nodes",
+             "--json"], capture_output=True, text=True, check=True).stdout)
+        assert {n["name"] for n in nodes} == {"node1", "node2", "node3"}  # each owns blocks
+    finally:
+        pods.remove_all()
+    # Every DEL returned its node's empty blocks (releaseAfter 0).
+    from ipam import nodes as ipam_nodes
+    from ipam.etcd import Etcd, EtcdConfig
+
+    assert ipam_nodes.blocks_by_node(Etcd(EtcdConfig((lab3["etcd"],))), cluster.ETCD_PREFIX) == {}
+
+
+def test_lab_down_leaves_nothing(tmp_path: Path) -> None:
+    root = str(tmp_path / "cluster")
+    meta = cluster.up(root, 2)
+    pid = int((Path(root) / "etcd" / "etcd.pid").read_text())
+    uplinks = [n["uplink"] for n in meta["nodes"]]
+    cluster.down(root)
+    assert not os.path.exists(root)
+    assert not any(os.path.exists(f"/sys/class/net/{u}") for u in uplinks)
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid, 0)
