@@ -15,6 +15,24 @@ from typing import Any
 
 from tenantnet.lab import cluster
 from tenantnet.lab import node as lab
+from tenantnet.lab.ovs import LabError
+
+__all__ = ["DEFAULT_CLUSTER_ROOT", "LabError", "cluster_node_config", "register", "running_node_config"]
+
+
+DEFAULT_CLUSTER_ROOT = "/run/tenantnet-lab-cluster"
+
+
+def cluster_node_config(root: str, name: str) -> str:
+    """The node config of simulated node `name` of the cluster lab in `root` (`pod up --node`)."""
+    meta = cluster.status(root)
+    if meta is None:
+        raise LabError(f"no cluster lab in {root} (tenantnetctl lab up --nodes N --dir {root})")
+    for node in meta["nodes"]:
+        if node["name"] == name:
+            return str(node["node_config"])
+    raise LabError(f"the cluster lab in {root} has no node {name!r}; it has "
+                       + ", ".join(n["name"] for n in meta["nodes"]))
 
 
 def running_node_config() -> str | None:

@@ -96,6 +96,51 @@ def test_tenants_across_nodes(lab3: dict[str, Any], tmp_path: Path) -> None:
     assert ipam_nodes.blocks_by_node(Etcd(EtcdConfig((lab3["etcd"],))), cluster.ETCD_PREFIX) == {}
 
 
+NAD_YAML = """
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata: {name: rail-0, namespace: ml}
+spec:
+  config: '{"cniVersion": "1.0.0", "type": "tenantnet", "bridge": "br-lab", "vlan": 100,
+            "ipam": {"type": "tenantnet-ipam", "cluster": {"blockSize": 28, "releaseAfter": 0},
+                     "ranges": [[{"subnet": "10.97.0.0/24"}]]}}'
+"""
+POD_YAML = """
+apiVersion: v1
+kind: Pod
+metadata:
+  name: trainer-NAME
+  namespace: ml
+  annotations: {k8s.v1.cni.cncf.io/networks: rail-0}
+"""
+
+
+def test_pods_placed_on_nodes_with_pod_up_node(lab3: dict[str, Any], tmp_path: Path) -> None:
+    nad = tmp_path / "nad.yaml"
+    nad.write_text(NAD_YAML)
+    root = str(Path(lab3["nodes"][0]["root"]).parent)
+
+    def ctl(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "tenantnet.ops.ctl", *args], capture_output=True, text=True,
+                              timeout=60)
+
+    pods = []
+    for name in ("node1", "node3"):
+        pod = tmp_path / f"{name}.yaml"
+        pod.write_text(POD_YAML.replace("NAME", name))
+        up = ctl("pod", "up", str(pod), "--nad", str(nad), "--node", name, "--lab-dir", root)
+        assert up.returncode == 0, up.stderr
+        pods.append((pod, name, json.loads(up.stdout)))
+    try:
+        ips = [status[-1]["ips"][0] for _, _, status in pods]  # Multus's network-status
+        assert len(set(ips)) == 2
+        unknown = ctl("pod", "up", str(pods[0][0]), "--nad", str(nad), "--node", "node9", "--lab-dir", root)
+        assert unknown.returncode == 2 and "has no node 'node9'" in unknown.stderr
+    finally:
+        for pod, name, _ in pods:
+            assert ctl("pod", "down", str(pod), "--node", name, "--lab-dir", root).returncode == 0
+
+
 def test_lab_down_leaves_nothing(tmp_path: Path) -> None:
     root = str(tmp_path / "cluster")
     meta = cluster.up(root, 2)
