@@ -45,7 +45,9 @@ class EtcdConfig:
     ca_file: str | None = None
     cert_file: str | None = None
     key_file: str | None = None
-    timeout: float = 2.0  # seconds per call, all endpoints together
+    # Seconds per call, all endpoints together: longer than etcd's leader election (≈ 1 s by
+    # default, more on a loaded machine), so losing one member of three fails no call.
+    timeout: float = 5.0
 
 
 @dataclass(frozen=True)

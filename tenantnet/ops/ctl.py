@@ -35,11 +35,11 @@ def node_config_path(args: argparse.Namespace) -> str | None:
     from tenantnet.lab import cli as lab_cli
     from tenantnet.plugin import nodepath
 
-    if getattr(args, "node", None):  # a simulated node of the cluster lab
+    if getattr(args, "lab_node", None):  # `pod up --node`: a simulated node of the cluster lab
         try:
-            return lab_cli.cluster_node_config(args.lab_dir, args.node)
+            return lab_cli.cluster_node_config(args.lab_dir, args.lab_node)
         except lab_cli.LabError as exc:
-            print(f"tenantnetctl: --node {args.node}: {exc}", file=sys.stderr)
+            print(f"tenantnetctl: --node {args.lab_node}: {exc}", file=sys.stderr)
             raise SystemExit(2) from None
     return nodepath.given(args.node_config) or lab_cli.running_node_config()
 
@@ -366,7 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pod_file", metavar="POD.yaml")
     p.set_defaults(func=cmd_pod)
     for p in pod_sub.choices.values():
-        p.add_argument("--node", metavar="NAME",
+        p.add_argument("--node", dest="lab_node", metavar="NAME",
                        help="on this simulated node of the cluster lab (lab up --nodes N): its node config")
         p.add_argument("--lab-dir", default="/run/tenantnet-lab-cluster", metavar="DIR",
                        help="the cluster lab's directory, with --node (default /run/tenantnet-lab-cluster)")

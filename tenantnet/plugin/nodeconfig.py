@@ -73,7 +73,7 @@ class NodeConfig:
     etcd_cert_file: str | None = None
     etcd_key_file: str | None = None
     etcd_prefix: str = "/tenantnet/"
-    etcd_timeout: float = 2.0
+    etcd_timeout: float = 5.0
     source: str = "(defaults)"
 
     @property

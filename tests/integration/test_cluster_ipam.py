@@ -288,8 +288,8 @@ def test_a_three_member_etcd_losing_members(tmp_path: Path) -> None:
 
     members = EtcdCluster(tmp_path / "etcd").start()
     try:
-        who = ClusterNode("node-a", EtcdConfig(members.endpoints, timeout=2.0), "/tn-test/")
-        other = ClusterNode("node-b", EtcdConfig(members.endpoints, timeout=2.0), "/tn-test/")
+        who = ClusterNode("node-a", EtcdConfig(members.endpoints), "/tn-test/")  # the default deadline
+        other = ClusterNode("node-b", EtcdConfig(members.endpoints), "/tn-test/")
         got = [add(tmp_path, who, f"a{i}") for i in range(20)]
         members.members[0].stop()  # mid-burst: the client moves to the next member
         got += [add(tmp_path, who, f"a{i}") for i in range(20, 60)]
@@ -300,7 +300,7 @@ def test_a_three_member_etcd_losing_members(tmp_path: Path) -> None:
         started = time.monotonic()
         with pytest.raises(CniError) as err:
             add(tmp_path, who, "q-next")
-        assert err.value.code == 11 and time.monotonic() - started < 6, "no quorum must fail within the deadline"
+        assert err.value.code == 11 and time.monotonic() - started < 8, "no quorum must fail within the deadline"
         got += room
         for m in members.members[:2]:
             m.start(wait=False)
