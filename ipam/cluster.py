@@ -161,14 +161,24 @@ def set_background(run: Callable[[Callable[[], None]], object] | None) -> None:
     _background = run
 
 
+# The stores this process has served cluster networks from (the agent publishes their
+# allocations, ipam/holdings.py).
+data_dirs_seen: set[str] = set()
+
+
 class Ledger:
     """The blocks of one network: this node's (local file), and claiming more (etcd)."""
 
-    def __init__(self, node: ClusterNode, network: str, data_dir: str, sizes: ClusterSettings) -> None:
+    def __init__(self, node: ClusterNode, network: str, data_dir: str, sizes: ClusterSettings,
+                 pool: tuple[RangeSet, ...] = ()) -> None:
         self.node, self.network, self.sizes = node, network, sizes
+        self.pool = pool  # the network's range sets (the pool's diagnostics in etcd need them)
         self.dir = os.path.join(data_dir, "cluster")
+        data_dirs_seen.add(data_dir)
         self.path = os.path.join(self.dir, f"{network}.blocks")
         self.key_prefix = f"{node.prefix}ipam/{network}/blocks/"
+        self.sizes_key = f"{node.prefix}pools/{network}"
+        self.ranges_key = f"{node.prefix}ranges/{network}"
         self.seen: list[IPNetwork] = []
 
     @contextmanager
@@ -269,6 +279,104 @@ class Ledger:
     def _value(self) -> bytes:
         return json.dumps({"node": self.node.name, "claimed": round(time.time(), 3)}).encode()
 
+    # ---- one pool, one block size: checked on the way to etcd, never on an ADD with room ----
+
+    def _sizes_value(self) -> bytes:
+        return json.dumps({"blockSize": self.sizes.block_size, "blockSizeV6": self.sizes.block_size_v6},
+                          sort_keys=True).encode()
+
+    def _expected_prefix(self, block: IPNetwork) -> int | None:
+        """The prefix length this node's settings give the block at `block`'s place (None:
+        outside this node's view of the pool)."""
+        for rs in self.pool:
+            for r in rs.ranges:
+                if r.family == block.version and block.network_address in r.subnet:
+                    size = self.sizes.block_size if r.family == 4 else self.sizes.block_size_v6
+                    return max(size, r.subnet.prefixlen)
+        return None
+
+    def _agree(self, etcd: Etcd, taken: dict[IPNetwork, str]) -> None:
+        """Make sure every node claims this network's blocks with the same block sizes. Blocks
+        of different sizes overlap (a /26 holds four /28s) and are different keys, so two
+        nodes reading the NAD before and after an edit of blockSize would both own the same
+        addresses. The sizes live at `<prefix>pools/<network>`; every claim is a transaction
+        that compares them (`create_guarded`), and they change only while no block exists."""
+        mine = self._sizes_value()
+        for _ in range(4):
+            kv = etcd.get(self.sizes_key)
+            if kv is not None and kv.value == mine:
+                return
+            odd = [(b, o) for b, o in sorted(taken.items(), key=lambda t: (t[0].version, t[0]))
+                   if self._expected_prefix(b) not in (None, b.prefixlen)]
+            if odd:
+                block, owner = odd[0]
+                raise CniError(Code.INVALID_CONFIG,
+                               f"invalid network config: ipam.cluster: network {self.network!r} has "
+                               f"blockSize {self.sizes.block_size} / blockSizeV6 {self.sizes.block_size_v6} "
+                               f"here, but its blocks in the cluster store were claimed with other sizes "
+                               f"(e.g. {block}, node {owner!r}): a network's block sizes cannot change "
+                               "while it holds blocks",
+                               "restore the earlier blockSize in the NAD, or release every address of "
+                               "the network first")
+            if etcd.put_if_revision(self.sizes_key, mine, kv.mod_revision if kv is not None else 0):
+                return
+        raise CniError(Code.TRY_AGAIN_LATER, f"network {self.network!r}: its block sizes in the cluster "
+                                             "store keep changing (nodes disagree on the NAD?); try again")
+
+    def _intervals(self) -> list[list[int]]:
+        return [[r.family, r.start, r.end] for rs in self.pool for r in rs.ranges]
+
+    def _check_overlap(self, etcd: Etcd) -> None:
+        """Refuse a pool that overlaps another cluster network's (both would hand out the same
+        addresses), unless both networks say they live on separate L2 segments
+        (`allowOverlap`). Each network records its ranges at `<prefix>ranges/<network>`;
+        a record counts only while its network holds blocks (a removed NAD's stays behind)."""
+        if not self.pool:
+            return
+        mine = self._intervals()
+        base = f"{self.node.prefix}ranges/"
+        record = json.dumps({"ranges": mine, "allowOverlap": self.sizes.allow_overlap}).encode()
+        current: bytes | None = None
+        for kv in etcd.range(base):
+            other = kv.key[len(base):]
+            if other == self.network:
+                current = kv.value
+                continue
+            try:
+                theirs = json.loads(kv.value)
+                spans = [(int(f), int(lo), int(hi)) for f, lo, hi in theirs["ranges"]]
+                allowed = bool(theirs.get("allowOverlap"))
+            except (ValueError, KeyError, TypeError):
+                continue
+            shared = [(f, max(lo, a), min(hi, b)) for f, lo, hi in spans for g, a, b in mine
+                      if f == g and max(lo, a) <= min(hi, b)]
+            if not shared or (allowed and self.sizes.allow_overlap):
+                continue
+            if not etcd.range(f"{self.node.prefix}ipam/{other}/blocks/"):
+                continue  # a network that holds nothing (its NAD may be gone)
+            fam, lo, hi = shared[0]
+            first, last = ipaddress.ip_address(lo), ipaddress.ip_address(hi)
+            raise CniError(Code.INVALID_CONFIG,
+                           f"invalid network config: ipam.ranges: network {self.network!r} overlaps network "
+                           f"{other!r} in the cluster store ({first}-{last}): two cluster networks would "
+                           "hand out the same addresses",
+                           "give them distinct ranges, or, when each lives on its own L2 segment (e.g. "
+                           "its own VLAN), set ipam.cluster.allowOverlap: true on both")
+        if current != record:
+            etcd.put(self.ranges_key, record)
+
+    def _take(self, etcd: Etcd, block: IPNetwork, taken: dict[IPNetwork, str]) -> bool:
+        """Claim `block` for this node in one transaction guarded by the pool's block sizes;
+        False when another node has it (or claimed it meanwhile)."""
+        key = self.key_prefix + _block_name(block)
+        for _ in range(4):
+            if etcd.create_guarded(key, self._value(), self.sizes_key, self._sizes_value()):
+                return True
+            if etcd.get(key) is not None:
+                return False
+            self._agree(etcd, taken)  # the sizes changed under us: agree again (or refuse)
+        return False
+
     def hold(self, block: IPNetwork, address: IPAddress) -> None:
         """Make sure this node owns `block` (the one a static address is in): claimed now if
         nobody has it. A static address is served only by the owner of its block, so it can
@@ -282,7 +390,15 @@ class Ledger:
                 known = self.owned()
                 if block in known:
                     return
-                if not etcd.create(key, self._value()):
+                taken = self._taken(etcd)
+                self._agree(etcd, taken)
+                self._check_overlap(etcd)
+                clash = [b for b in taken if b != block and b.overlaps(block)]
+                if clash:
+                    raise CniError(Code.ADDRESS_UNAVAILABLE,
+                                   f"requested address {address} of network {self.network!r} is in block "
+                                   f"{clash[0]}, which node {taken[clash[0]]!r} owns")
+                if not self._take(etcd, block, taken):
                     kv = etcd.get(key)
                     owner = owner_of(kv.value) if kv is not None else "?"
                     if owner != self.node.name:
@@ -298,6 +414,16 @@ class Ledger:
         except EtcdError as exc:
             raise CniError(Code.IO_FAILURE,
                            f"network {self.network!r}: claiming block {block}: {exc}") from None
+
+    def _taken(self, etcd: Etcd) -> dict[IPNetwork, str]:
+        """Every claimed block of the network in etcd, with its owning node (one range call)."""
+        taken: dict[IPNetwork, str] = {}
+        for kv in etcd.range(self.key_prefix):
+            try:
+                taken[_parse_block(kv.key[len(self.key_prefix):])] = owner_of(kv.value)
+            except ValueError:
+                continue
+        return taken
 
     def prefetch_if_low(self, cfg: IpamConfig, grants: list[Any]) -> None:
         """Claim the next block ahead of need, off the ADD's path, when an ADD has just
@@ -351,26 +477,26 @@ class Ledger:
                     fresh = [b for b in known - set(seen) if _in(b, rs)]
                     if fresh:
                         return fresh[0]
-                taken: dict[IPNetwork, str] = {}  # block -> owning node
-                for kv in etcd.range(self.key_prefix):
-                    try:
-                        block = _parse_block(kv.key[len(self.key_prefix):])
-                    except ValueError:
-                        continue
-                    taken[block] = owner_of(kv.value)
+                taken = self._taken(etcd)
                 adopted = [b for b, o in taken.items() if o == self.node.name and b not in known]
                 wanted = [b for b in adopted if _in(b, rs)]
                 if adopted:
                     self._remember(sorted(known | set(adopted), key=lambda b: (b.version, b)))
                 if wanted:
                     return wanted[0]
-                value = self._value()
+                if not self.pool:
+                    self.pool = (rs,)
+                self._agree(etcd, taken)
+                self._check_overlap(etcd)
+                # After _agree every block inside this node's view of the pool has the size it
+                # expects; one outside it (an earlier, wider range) may still overlap a candidate.
+                strays = [t for t in taken if self._expected_prefix(t) is None]
                 attempts = 0
                 for block in blocks_of(rs, self.sizes):
-                    if block in taken or block in known:
+                    if block in taken or block in known or any(t.overlaps(block) for t in strays):
                         continue
                     attempts += 1
-                    if etcd.create(self.key_prefix + _block_name(block), value):
+                    if self._take(etcd, block, taken):
                         self._remember([*known, block])
                         return block
                     if attempts >= MAX_CLAIM_ATTEMPTS:

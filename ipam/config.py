@@ -120,6 +120,9 @@ class ClusterSettings(NamedTuple):
     block_size: int = 26  # the prefix length of an IPv4 block
     block_size_v6: int = 122
     release_after: float = 300.0  # seconds a block stays empty before it goes back to the pool
+    # This network's pool may overlap another cluster network's (it lives on its own L2
+    # segment, e.g. another tenant's VLAN); without it an overlap is refused (ipam/cluster.py).
+    allow_overlap: bool = False
 
 
 class IpamConfig(NamedTuple):
@@ -419,24 +422,29 @@ def _cluster(raw: Any) -> ClusterSettings | None:
     if raw is None:
         return None
     obj = _object("ipam.cluster", raw)
-    unknown = set(obj) - {"blockSize", "blockSizeV6", "releaseAfter"}
+    unknown = set(obj) - {"blockSize", "blockSizeV6", "releaseAfter", "allowOverlap"}
     if unknown:
         name = sorted(unknown)[0]
         raise invalid_config(f"ipam.cluster.{name}", obj[name], "unknown field (known: blockSize, "
-                             "blockSizeV6, releaseAfter)")
-    settings = ClusterSettings()
-    for key, attr, low, high in (("blockSize", "block_size", 16, 30),
-                                 ("blockSizeV6", "block_size_v6", 64, 126)):
-        value = obj.get(key, getattr(settings, attr))
+                             "blockSizeV6, releaseAfter, allowOverlap)")
+    defaults = ClusterSettings()
+    sizes = []
+    for key, default, low, high in (("blockSize", defaults.block_size, 16, 30),
+                                    ("blockSizeV6", defaults.block_size_v6, 64, 126)):
+        value = obj.get(key, default)
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
             raise invalid_config(f"ipam.cluster.{key}", value,
                                  f"must be a prefix length from {low} to {high}")
-        settings = settings._replace(**{attr: value})
+        sizes.append(value)
+    settings = defaults._replace(block_size=sizes[0], block_size_v6=sizes[1])
     after = obj.get("releaseAfter", settings.release_after)
     if not isinstance(after, int | float) or isinstance(after, bool) or not 0 <= after <= 86400:
         raise invalid_config("ipam.cluster.releaseAfter", after,
                              "must be a number of seconds from 0 to 86400")
-    return settings._replace(release_after=float(after))
+    overlap = obj.get("allowOverlap", False)
+    if not isinstance(overlap, bool):
+        raise invalid_config("ipam.cluster.allowOverlap", overlap, "must be true or false")
+    return settings._replace(release_after=float(after), allow_overlap=overlap)
 
 
 def static_requests(sources: Iterator[tuple[str, Any]]) -> list[IPAddress]:

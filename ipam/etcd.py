@@ -207,6 +207,26 @@ class Etcd:
             "success": [{"request_put": put}]})
         return bool(answer.get("succeeded"))
 
+    def create_guarded(self, key: str, value: bytes, guard: str, guard_value: bytes) -> bool:
+        """Create `key` only if it does not exist and `guard` holds exactly `guard_value`, and
+        rewrite `guard` (same value) in the same transaction, so that its mod revision moves:
+        whoever changes `guard` with `put_if_revision` meanwhile fails (one transaction)."""
+        answer = self.call("/v3/kv/txn", {
+            "compare": [
+                {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"},
+                {"key": _b64(guard), "result": "EQUAL", "target": "VALUE", "value": _b64(guard_value)}],
+            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}},
+                        {"request_put": {"key": _b64(guard), "value": _b64(guard_value)}}]})
+        return bool(answer.get("succeeded"))
+
+    def put_if_revision(self, key: str, value: bytes, mod_revision: int) -> bool:
+        """Put `key` only if its mod revision is still `mod_revision` (0: it does not exist)."""
+        answer = self.call("/v3/kv/txn", {
+            "compare": [
+                {"key": _b64(key), "result": "EQUAL", "target": "MOD", "mod_revision": str(mod_revision)}],
+            "success": [{"request_put": {"key": _b64(key), "value": _b64(value)}}]})
+        return bool(answer.get("succeeded"))
+
     def delete_if(self, key: str, value: bytes) -> bool:
         """Delete `key` only if it holds exactly `value`; whether it was deleted."""
         answer = self.call("/v3/kv/txn", {

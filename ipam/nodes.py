@@ -15,6 +15,7 @@ import time
 from cni.errors import CniError, Code
 from ipam.cluster import ClusterNode, client, owner_of
 from ipam.etcd import Etcd, EtcdError, EtcdUnavailable
+from ipam.holdings import forget_node
 
 NODE_TTL = 15  # seconds a node stays "alive" in etcd after its agent's last heartbeat
 
@@ -89,4 +90,5 @@ def release_node(etcd: Etcd, prefix: str, name: str, force: bool = False) -> lis
         network, sep, block = kv.key[len(base):].partition("/blocks/")
         if sep and owner_of(kv.value) == name and etcd.delete_if(kv.key, kv.value):
             released.append((network, block.replace("_", "/")))
+    forget_node(etcd, prefix, name)
     return released

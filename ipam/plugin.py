@@ -135,7 +135,7 @@ def _allocate_in_blocks(store: Store, cfg: IpamConfig, env: CniEnv, conf: NetCon
                                             "(etcdEndpoints)")
     from ipam import cluster  # only networks in cluster mode pay for the etcd client's imports
 
-    ledger = cluster.Ledger(node, conf.name, data_dir, cfg.cluster)
+    ledger = cluster.Ledger(node, conf.name, data_dir, cfg.cluster, cfg.range_sets)
     for idx, address in allocator.requested_by_set(cfg, conf.name, requested).items():
         subnet = cfg.range_sets[idx].range_of(address)
         assert subnet is not None  # requested_by_set found it there

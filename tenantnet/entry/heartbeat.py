@@ -1,5 +1,7 @@
 """The agent's part in cluster mode. Its heartbeat: while the agent runs, its node is registered
-(name, underlay address) under a lease renewed every third of its TTL (`ipam.cluster.Liveness`).
+(name, underlay address) under a lease renewed every third of its TTL (`ipam.nodes.Liveness`),
+and its cluster allocations are published for operators on other nodes, its pending release
+requests carried out (`ipam.holdings.Publisher`).
 An operator can then see the cluster (`tenantnetctl cluster nodes`), and a node that is
 alive — or only cut off — never has its address blocks taken over without `--force`. And
 it gives tenantnet-ipam a background runner, so that the next block is claimed ahead of need.
@@ -18,6 +20,16 @@ class Heartbeat:
 
         cluster_node = ipam_client.cluster_node(node_config)
         self.liveness = Liveness(cluster_node, node_config.node_address) if cluster_node else None
+        self.publisher: Any = None
+        if cluster_node is not None:
+            from ipam import cluster, holdings, plugin
+
+            fixed = (node_config.ipam_data_dir, *node_config.ipam_data_dirs)
+            # What the operators' `ipam ls --cluster` shows of this node: the stores of the node
+            # config, and every store this agent has served a cluster network from.
+            self.publisher = holdings.Publisher(
+                cluster_node, lambda: [*fixed, *sorted(cluster.data_dirs_seen)],
+                lambda d: plugin.open_store(d, create=False))
         self.interval = NODE_TTL / 3
         self.log = log
         self._stop = threading.Event()
@@ -42,6 +54,7 @@ class Heartbeat:
         while not self._stop.is_set():
             try:
                 self.liveness.beat()
+                self.publisher.beat()
                 if failing:
                     self.log.info("cluster.heartbeat_restored", node=self.liveness.node.name)
                 failing = False

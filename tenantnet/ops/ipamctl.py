@@ -21,9 +21,9 @@ import ipaddress
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 from cni.errors import CniError, Code
 from cni.netconf import valid_attachments
@@ -52,25 +52,37 @@ def register(subparsers: Any, node_config_path: Callable[[argparse.Namespace], s
     ipam = subparsers.add_parser("ipam", help="inspect and repair IP address allocations")
     sub = ipam.add_subparsers(dest="ipam_command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("ls", parents=[common], help="list allocations")
+    cluster_wide = argparse.ArgumentParser(add_help=False)
+    cluster_wide.add_argument(
+        "--cluster", action="store_true",
+        help="every node of the cluster store (etcd, from the node config): other nodes' allocations "
+             "as they last published them (every 5 s), with the node and block of each")
+    cluster_wide.set_defaults(node_config_path=node_config_path)
+
+    p = sub.add_parser("ls", parents=[common, cluster_wide], help="list allocations")
     p.add_argument("--network", help="only this network")
     p.set_defaults(func=cmd_ls)
 
-    p = sub.add_parser("show", parents=[common], help="show who holds an address")
+    p = sub.add_parser("show", parents=[common, cluster_wide], help="show who holds an address")
     p.add_argument("address")
     p.add_argument("--network", help="only this network")
     p.set_defaults(func=cmd_show)
 
-    p = sub.add_parser("release", parents=[common], help="release one address")
+    p = sub.add_parser("release", parents=[common, cluster_wide], help="release one address",
+                       description="Release one address. With --cluster, an address another node holds "
+                                   "is released by that node's agent (on its next heartbeat, ≤ 5 s).")
     p.add_argument("address")
     p.add_argument("--network", help="the network (needed when several hold the address)")
+    p.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                   help="with --cluster: wait up to SECONDS for the holding node to release it")
     p.set_defaults(func=cmd_release)
 
     p = sub.add_parser(
-        "gc", parents=[common],
+        "gc", parents=[common, cluster_wide],
         help="release allocations whose container is gone",
         description="Without --keep-file: release allocations whose recorded netns no longer "
-                    "exists. With --keep-file: release every allocation not listed in it.",
+                    "exists. With --keep-file: release every allocation not listed in it "
+                    "(with --cluster: on every node; other nodes' agents carry it out).",
     )
     p.add_argument("--network", help="only this network")
     p.add_argument("--keep-file", help="JSON list of {containerID, ifname} to keep")
@@ -111,6 +123,17 @@ def register_cluster(subparsers: Any, node_config_path: Callable[[argparse.Names
 
 def _cluster_store(args: argparse.Namespace) -> Any:
     """(etcd client, key prefix) from the node config; None (said on stderr) without one."""
+    found = _this_node(args)
+    if found is None:
+        return None
+    from ipam import cluster
+
+    who, _ = found
+    return cluster.client(who.etcd), who.prefix
+
+
+def _this_node(args: argparse.Namespace) -> tuple[Any, Any] | None:
+    """(this node's ClusterNode, its node config); None (said on stderr) without a cluster store."""
     from tenantnet.plugin import ipam_client, nodeconfig
 
     try:
@@ -123,9 +146,7 @@ def _cluster_store(args: argparse.Namespace) -> Any:
         print(f"tenantnetctl: the node config ({node.source}) names no cluster store (etcdEndpoints)",
               file=sys.stderr)
         return None
-    from ipam import cluster
-
-    return cluster.client(who.etcd), who.prefix
+    return who, node
 
 
 def cmd_nodes(args: argparse.Namespace) -> int:
@@ -151,9 +172,9 @@ def cmd_nodes(args: argparse.Namespace) -> int:
         return 0
     print(f"{'NODE':<24} {'ALIVE':<6} {'ADDRESS':<16} {'BLOCKS':>6}  NETWORKS")
     for r in rows:
-        alive = "yes" if r["alive"] else "no"
-        print(f"{r['name']:<24} {alive:<6} {r['address'] or '-':<16} {r['blocks']:>6}  "
-              f"{','.join(r['networks']) or '-'}")
+        flag = "yes" if r["alive"] else "no"
+        nets = ",".join(cast(list[str], r["networks"])) or "-"
+        print(f"{r['name']:<24} {flag:<6} {r['address'] or '-':<16} {r['blocks']:>6}  {nets}")
     return 0
 
 
@@ -200,7 +221,12 @@ def _table(rows: list[Allocation]) -> str:
         )
         for a in rows
     ]
-    widths = [max(len(line[i]) for line in lines) for i in range(len(header))]
+    return _columns(lines)
+
+
+def _columns(lines: Sequence[Sequence[str]]) -> str:
+    """Rows of cells (the first: the header) as left-aligned columns."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(
         "  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip()
         for line in lines
@@ -250,11 +276,199 @@ def _guard(handler: Callable[[argparse.Namespace], int]) -> Callable[[argparse.N
     return run
 
 
+# ---- cluster-wide: every node's published allocations (ipam/holdings.py) ----------------
+
+
+class _ClusterView:
+    """Every node's allocations: this node's read from its stores now, the others' as they
+    last published them; and where an address's block is, and whose."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        from ipam import cluster, holdings
+
+        found = _this_node(args)
+        if found is None:
+            raise _Refused()
+        self.who, node = found
+        self.etcd = cluster.client(self.who.etcd)
+        self.data_dirs = [d for d in dict.fromkeys((args.data_dir, node.ipam_data_dir))
+                          if os.path.exists(os.path.join(d, DB_NAME))]
+        network = getattr(args, "network", None)
+        try:
+            others = [h for h in holdings.published(self.etcd, self.who.prefix, network)
+                      if h.node != self.who.name]
+            self.blocks = _blocks_by_owner(self.etcd, self.who.prefix)
+        except (cluster.EtcdUnavailable, cluster.EtcdError) as exc:
+            raise _Refused(f"the cluster store: {exc}") from None
+        mine = [h for d in self.data_dirs for h in holdings.local(self.who.name, d, SqliteStore(d), network)]
+        self.holdings = sorted(mine + others, key=lambda h: (
+            h.allocation.network, h.allocation.address.version, h.allocation.address, h.node))
+
+    def stores(self) -> list[SqliteStore]:
+        return [SqliteStore(d) for d in self.data_dirs]
+
+    def block_of(self, network: str | None, address: ipaddress.IPv4Address | ipaddress.IPv6Address
+                 ) -> list[tuple[str, str, str]]:
+        """(network, block, owner) of every claimed block holding `address`."""
+        return [(net, str(b), owner) for (net, b), owner in self.blocks.items()
+                if (network is None or net == network) and b.version == address.version and address in b]
+
+
+class _Refused(Exception):
+    """Said on stderr (when there is something to say) and exit code 1."""
+
+
+def _blocks_by_owner(etcd: Any, prefix: str) -> dict[tuple[str, Any], str]:
+    from ipam import nodes as ipam_nodes
+
+    return {(net, ipaddress.ip_network(block)): owner
+            for owner, blocks in ipam_nodes.blocks_by_node(etcd, prefix).items() for net, block in blocks}
+
+
+def _age(h: Any) -> str:
+    return "now" if not h.as_of else f"{max(0, round(datetime.now(UTC).timestamp() - h.as_of))}s ago"
+
+
+def _cluster_table(rows: list[Any]) -> str:
+    header = ("NODE", "NETWORK", "ADDRESS", "BLOCK", "CONTAINER", "IFNAME", "POD", "AS OF")
+    lines = [header] + [
+        (h.node, h.allocation.network, str(h.allocation.address), h.block, h.allocation.container_id[:16],
+         h.allocation.ifname,
+         f"{h.allocation.pod_namespace}/{h.allocation.pod_name}" if h.allocation.pod_name else "-", _age(h))
+        for h in rows]
+    return _columns(lines)
+
+
+def _cluster_guard(handler: Callable[[argparse.Namespace, _ClusterView], int]
+                   ) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return handler(args, _ClusterView(args))
+        except _Refused as why:
+            return _fail(str(why)) if str(why) else 1
+        except CniError as err:
+            return _fail(err.msg)
+
+    return run
+
+
+@_cluster_guard
+def _cluster_ls(args: argparse.Namespace, view: _ClusterView) -> int:
+    _emit(args, [h.to_dict() for h in view.holdings], _cluster_table(view.holdings))
+    return 0
+
+
+def _address_of(args: argparse.Namespace) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    try:
+        return ipaddress.ip_address(args.address.split("/", 1)[0])
+    except ValueError:
+        raise _Refused(f"{args.address!r} is not an IPv4 or IPv6 address") from None
+
+
+@_cluster_guard
+def _cluster_show(args: argparse.Namespace, view: _ClusterView) -> int:
+    wanted = _address_of(args)
+    held = [h for h in view.holdings if h.allocation.address == wanted]
+    blocks = view.block_of(args.network, wanted)
+    if not held:
+        where = "; ".join(f"in block {b} of network {n}, owned by node {o}" for n, b, o in blocks) \
+            or "in no claimed block"
+        return _fail(f"{args.address} is not allocated cluster-wide ({where})")
+    text = "\n\n".join(
+        "\n".join(f"{k:13} {v}" for k, v in h.allocation.to_dict().items() if k != "created")
+        + f"\n{'created':13} {_when(h.allocation.created)}\n{'node':13} {h.node}\n{'block':13} {h.block}"
+        + f"\n{'as of':13} {_age(h)}"
+        for h in held)
+    _emit(args, [h.to_dict() for h in held], text)
+    return 0
+
+
+@_cluster_guard
+def _cluster_release(args: argparse.Namespace, view: _ClusterView) -> int:
+    wanted = _address_of(args)
+    held = [h for h in view.holdings if h.allocation.address == wanted
+            and (args.network is None or h.allocation.network == args.network)]
+    if not held:
+        return _fail(f"{args.address} is not allocated cluster-wide"
+                     + (f" in network {args.network!r}" if args.network else ""))
+    if len({h.allocation.network for h in held}) > 1:
+        nets = ", ".join(sorted({h.allocation.network for h in held}))
+        return _fail(f"{args.address} is allocated in several networks ({nets}); choose one with --network")
+    return _release_everywhere(args, view, held)
+
+
+def _release_everywhere(args: argparse.Namespace, view: _ClusterView, held: list[Any]) -> int:
+    """Release `held`: this node's now, other nodes' by request to their agents."""
+    import time
+
+    from ipam import cluster, holdings
+
+    lines, done, requested = [], [], []
+    for h in held:
+        a = h.allocation
+        if h.node == view.who.name:
+            for store in view.stores():
+                done += [x.to_dict() for x in release_addresses(store, [a])]
+            lines.append(f"released {a.address} ({a.network}, container {a.container_id} {a.ifname})")
+            continue
+        try:
+            holdings.request_release(view.etcd, view.who.prefix, h, view.who.name)
+        except (cluster.EtcdUnavailable, cluster.EtcdError) as exc:
+            return _fail(f"cannot file the release of {a.address} for node {h.node}: {exc}")
+        requested.append(h)
+        lines.append(f"requested {a.address} ({a.network}, container {a.container_id} {a.ifname}) from node "
+                     f"{h.node}: its agent releases it on its next heartbeat")
+    wait = float(getattr(args, "wait", 0.0) or 0.0)
+    deadline = time.monotonic() + max(0.0, wait)
+    pending = requested
+    while pending and time.monotonic() < deadline:
+        time.sleep(0.5)
+        try:
+            now = {(h.node, h.allocation.network, h.allocation.address, h.allocation.attachment)
+                   for h in holdings.published(view.etcd, view.who.prefix)}
+        except (cluster.EtcdUnavailable, cluster.EtcdError):
+            continue
+        pending = [h for h in pending
+                   if (h.node, h.allocation.network, h.allocation.address, h.allocation.attachment) in now]
+    if requested and wait:
+        lines += [f"node {h.node} has not released {h.allocation.address} yet" for h in pending]
+        if not pending:
+            lines.append("every requested release is done")
+    _emit(args, {"released": done, "requested": [h.to_dict() for h in requested],
+                 "pending": [h.to_dict() for h in pending] if wait else None},
+          "\n".join(lines))
+    return 1 if pending and wait else 0
+
+
+@_cluster_guard
+def _cluster_gc(args: argparse.Namespace, view: _ClusterView) -> int:
+    if not args.keep_file:
+        return _fail("gc --cluster needs --keep-file: whether a sandbox still exists can only be seen "
+                     "on its own node (run `tenantnetctl ipam gc` there)")
+    try:
+        keep = _keep_from_file(args.keep_file)
+    except (OSError, ValueError, CniError) as exc:
+        return _fail(f"cannot use --keep-file {args.keep_file}: {exc}")
+    stale = [h for h in view.holdings if h.allocation.attachment not in keep]
+    if args.dry_run:
+        _emit(args, {"wouldRelease": [h.to_dict() for h in stale]},
+              "\n".join(f"would release {h.allocation.address} ({h.allocation.network}, node {h.node}, "
+                        f"container {h.allocation.container_id} {h.allocation.ifname})" for h in stale)
+              or "nothing to release")
+        return 0
+    if not stale:
+        _emit(args, {"released": [], "requested": []}, "nothing to release")
+        return 0
+    return _release_everywhere(args, view, stale)
+
+
 # ---- commands ---------------------------------------------------------------------------
 
 
 @_guard
 def cmd_ls(args: argparse.Namespace) -> int:
+    if getattr(args, "cluster", False):
+        return _cluster_ls(args)
     store = _store(args)
     if store is None:
         return 1
@@ -279,6 +493,8 @@ def _held(args: argparse.Namespace) -> tuple[Any, list[Any]] | int:
 
 @_guard
 def cmd_show(args: argparse.Namespace) -> int:
+    if getattr(args, "cluster", False):
+        return _cluster_show(args)
     held = _held(args)
     if isinstance(held, int):
         return held
@@ -294,6 +510,8 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 @_guard
 def cmd_release(args: argparse.Namespace) -> int:
+    if getattr(args, "cluster", False):
+        return _cluster_release(args)
     held = _held(args)
     if isinstance(held, int):
         return held
@@ -321,6 +539,8 @@ def _keep_from_file(path: str) -> set[tuple[str, str]]:
 
 @_guard
 def cmd_gc(args: argparse.Namespace) -> int:
+    if getattr(args, "cluster", False):
+        return _cluster_gc(args)
     store = _store(args)
     if store is None:
         return 1

@@ -248,6 +248,13 @@ def test_the_agent_keeps_its_node_registered(tmp_path: Path, etcd: EtcdServer) -
         etcd_client = Etcd(EtcdConfig((etcd.endpoint,)))
         assert poll(lambda: bool(ipam_nodes.alive_nodes(etcd_client, "/tn-test/")), timeout=10)
         assert ipam_nodes.alive_nodes(etcd_client, "/tn-test/")["node-agent"]["address"] == "192.0.2.7"
+        # Its allocations are published for operators on other nodes (`ipam ls --cluster`).
+        from ipam import holdings
+
+        plugin.add(env("pub0"), conf(tmp_path, "", block=28), Confinement((str(tmp_path),), ()),
+                   node("node-agent", etcd))
+        assert poll(lambda: [h.node for h in holdings.published(etcd_client, "/tn-test/")] == ["node-agent"],
+                    timeout=12)
     finally:
         agent.stop()
     assert ipam_nodes.alive_nodes(etcd_client, "/tn-test/") == {}  # revoked on an orderly stop

@@ -46,6 +46,7 @@ def test_ranges_are_cut_to_the_blocks_this_node_owns() -> None:
 @pytest.mark.parametrize("cluster,needle", [
     ({"blockSize": 8}, "ipam.cluster.blockSize=8"), ({"blockSize": "26"}, "ipam.cluster.blockSize"),
     ({"blockSizeV6": 130}, "ipam.cluster.blockSizeV6"), ({"size": 26}, "ipam.cluster.size"),
+    ({"allowOverlap": "yes"}, "ipam.cluster.allowOverlap='yes'"),
 ])
 def test_bad_cluster_settings_are_named(cluster: dict[str, object], needle: str) -> None:
     with pytest.raises(CniError) as err:
@@ -79,6 +80,11 @@ def test_the_node_config_gives_the_cluster_node(tmp_path: Path) -> None:
     assert who is not None and who.name == "worker-3" and who.prefix == "/prod/tenantnet/"
     assert who.etcd.endpoints == ("https://10.0.0.5:2379", "http://[::1]:2379")
     assert ipam_client.cluster_node(nodeconfig.NodeConfig()) is None
+
+
+def test_allow_overlap_is_off_unless_said() -> None:
+    assert parse_ipam(ipam("10.1.0.0/24")).cluster == ClusterSettings(allow_overlap=False)
+    assert parse_ipam(ipam("10.1.0.0/24", allowOverlap=True)).cluster == ClusterSettings(allow_overlap=True)
 
 
 def test_release_after_is_bounded() -> None:
