@@ -23,7 +23,8 @@ from ipam import plugin  # noqa: E402
 from ipam.cluster import ClusterNode  # noqa: E402
 from ipam.config import Confinement  # noqa: E402
 from ipam.etcd import Etcd, EtcdConfig  # noqa: E402
-from tests.integration.etcdsupport import EtcdServer  # noqa: E402
+from tests.integration.etcdsupport import EtcdCluster, EtcdServer  # noqa: E402
+from tests.polling import poll  # noqa: E402
 
 WRITES = ("/v3/kv/txn", "/v3/kv/put", "/v3/kv/deleterange")
 
@@ -75,6 +76,7 @@ def main() -> int:
             burst = node_burst(d, server.endpoint, args.nodes, args.per_node, args.parallel)
         finally:
             server.remove()
+        quorum = members_lost(root / "quorum")
     local, clustered = statistics.median(times["local"]), statistics.median(times["cluster"])
     print("## Cluster IPAM (etcd blocks) beside the node-local store\n")
     print(f"{args.count} in-process ADDs each, interleaved, on a /16; cluster mode with /26 blocks on a "
@@ -94,7 +96,82 @@ def main() -> int:
           f"{burst['del_s']:.2f} s; {burst['failures']} failures, {burst['duplicates']} duplicate addresses "
           f"of {burst['addresses']}; blocks claimed {burst['blocks_claimed']}, left after the DELs "
           f"{burst['blocks_left']}, addresses left {burst['addresses_left']}.")
+    print(f"\n**etcd as 3 members on loopback** (one node, 8 ADDs at a time, /28 blocks so claims are "
+          f"frequent): one member SIGKILLed mid-burst → {quorum['one_failed']} failed ADDs of "
+          f"{quorum['one_adds']} (target 0). Two killed (no quorum) → {quorum['room_ok']} ADDs with room in "
+          f"the node's blocks succeeded, {quorum['code11']} got code 11 (slowest answer "
+          f"{quorum['code11_max_s']:.1f} s), {quorum['other_errors']} other errors. After both came back: "
+          f"{quorum['after_adds']} more ADDs, {quorum['after_failed']} failed; every DEL and a GC → "
+          f"{quorum['duplicates']} duplicates, {quorum['addresses_left']} addresses and "
+          f"{quorum['blocks_left']} blocks left.")
     return 0
+
+
+def members_lost(root: Path) -> dict[str, float]:
+    """A 3-member etcd losing one member mid-burst, then a second (no quorum), then recovering."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from cni.errors import CniError
+
+    members = EtcdCluster(root / "etcd").start()
+    d = str(root)
+    limits = Confinement((d,), ())
+    who = ClusterNode("node-q", EtcdConfig(members.endpoints), "/quorum/")
+    conf = parse_netconf({"cniVersion": "1.0.0", "name": "rail-q", "type": "x", "ipam": {
+        "type": "tenantnet-ipam", "ranges": [[{"subnet": "10.202.0.0/20"}]], "dataDir": f"{d}/store",
+        "cluster": {"blockSize": 28, "releaseAfter": 0}}})
+
+    def env(cid: str, command: str) -> object:
+        return parse_env({"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_IFNAME": "net1",
+                          "CNI_NETNS": "/run/netns/b", "CNI_PATH": "/usr/lib/cni"})
+
+    held: dict[str, str] = {}
+    out: dict[str, float] = {}
+
+    def one(cid: str) -> tuple[str, str | int, float]:
+        t0 = time.perf_counter()
+        try:
+            result = plugin.add(env(cid, "ADD"), conf, limits, who)  # type: ignore[arg-type]
+            return cid, str(result.ips[0].address.ip), time.perf_counter() - t0
+        except CniError as err:
+            return cid, err.code, time.perf_counter() - t0
+
+    def failed(results: list[tuple[str, str | int, float]]) -> int:
+        return sum(1 for _, a, _ in results if not isinstance(a, str))
+
+    pool = ThreadPoolExecutor(8)
+    try:
+        futures = [pool.submit(one, f"a{i}") for i in range(200)]
+        time.sleep(0.05)
+        members.members[0].stop()  # mid-burst
+        results = [f.result() for f in futures]
+        held.update({c: a for c, a, _ in results if isinstance(a, str)})
+        out["one_adds"], out["one_failed"] = len(results), failed(results)
+        members.members[1].stop()  # no quorum
+        results = [f.result() for f in [pool.submit(one, f"q{i}") for i in range(40)]]
+        held.update({c: a for c, a, _ in results if isinstance(a, str)})
+        out["room_ok"] = sum(1 for _, a, _ in results if isinstance(a, str))
+        out["code11"] = sum(1 for _, a, _ in results if a == 11)
+        out["code11_max_s"] = max([t for _, a, t in results if a == 11], default=0.0)
+        out["other_errors"] = len(results) - out["room_ok"] - out["code11"]
+        for m in members.members[:2]:
+            m.start(wait=False)
+        for m in members.members:
+            poll(m._healthy, timeout=30)
+        results = [f.result() for f in [pool.submit(one, f"r{i}") for i in range(100)]]
+        held.update({c: a for c, a, _ in results if isinstance(a, str)})
+        out["after_adds"], out["after_failed"] = len(results), failed(results)
+        out["duplicates"] = len(held) - len(set(held.values()))
+        for f in [pool.submit(plugin.delete, env(c, "DEL"), conf, limits, who) for c in held]:  # type: ignore[arg-type]
+            f.result()
+        plugin.gc(conf, set(), limits, who)  # type: ignore[arg-type]
+        store = plugin.open_store(f"{d}/store")
+        out["addresses_left"] = len(store.allocations("rail-q")) if store else 0
+        out["blocks_left"] = len(Etcd(EtcdConfig(members.endpoints)).range("/quorum/ipam/rail-q/blocks/"))
+    finally:
+        pool.shutdown()
+        members.remove()
+    return out
 
 
 def node_burst(d: str, endpoint: str, nodes: int, per_node: int, parallel: int) -> dict[str, float]:

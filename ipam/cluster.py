@@ -161,6 +161,10 @@ def set_background(run: Callable[[Callable[[], None]], object] | None) -> None:
     _background = run
 
 
+# When a claim of this process last found etcd unreachable, per blocks file: a claim that
+# was waiting for the ledger's lock meanwhile fails at once (see `Ledger._locked_claim`).
+_unreachable_at: dict[str, float] = {}
+
 # The stores this process has served cluster networks from (the agent publishes their
 # allocations, ipam/holdings.py).
 data_dirs_seen: set[str] = set()
@@ -182,14 +186,49 @@ class Ledger:
         self.seen: list[IPNetwork] = []
 
     @contextmanager
-    def _locked(self) -> Iterator[None]:
+    def _locked(self, give_up: Callable[[], bool] | None = None) -> Iterator[None]:
+        """The ledger's file lock (across the node's processes). With `give_up`, the wait is
+        a poll that raises EtcdUnavailable as soon as `give_up()` says so (flock is not
+        first-come-first-served: a waiter could otherwise see the lock change hands many
+        times before it gets it)."""
         ensure_private_dir(self.dir)
         fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            if give_up is None:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+            else:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        got = True
+                    except BlockingIOError:
+                        got = False
+                    # Asked after the attempt too: the lock comes free just as its holder gives up.
+                    if give_up():
+                        raise EtcdUnavailable(
+                            "a claim of this network made while this one waited found no etcd "
+                            f"endpoint answering within {self.node.etcd.timeout:g} s")
+                    if got:
+                        break
+                    time.sleep(0.005)
             yield
         finally:
             os.close(fd)
+
+    @contextmanager
+    def _locked_claim(self) -> Iterator[None]:
+        """The ledger's lock for a claim. Claims of one network queue behind one another;
+        when etcd has no quorum each would spend its own etcdTimeout after the previous one's,
+        so a burst of ADDs needing a block would wait N × etcdTimeout for its code 11. A
+        claim waiting for the lock when another claim of this process finds etcd unreachable
+        fails at once instead — and a claim begun later still tries etcd."""
+        waited_from = time.monotonic()
+        with self._locked(lambda: _unreachable_at.get(self.path, 0.0) > waited_from):
+            try:
+                yield
+            except EtcdUnavailable:
+                _unreachable_at[self.path] = time.monotonic()
+                raise
 
     def _read(self) -> dict[IPNetwork, float | None]:
         """block -> since when it has been seen empty (None: in use, or not checked yet).
@@ -386,7 +425,7 @@ class Ledger:
         etcd = client(self.node.etcd)
         key = self.key_prefix + _block_name(block)
         try:
-            with self._locked():
+            with self._locked_claim():
                 known = self.owned()
                 if block in known:
                     return
@@ -468,7 +507,7 @@ class Ledger:
         block of the range set belongs to some node."""
         etcd = client(self.node.etcd)
         try:
-            with self._locked():
+            with self._locked_claim():
                 known = set(self.owned())
                 if seen is not None:
                     # A concurrent ADD of this node claimed a block while this one waited for

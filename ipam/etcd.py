@@ -131,14 +131,30 @@ class Etcd:
         endpoints = self.config.endpoints
         with self._lock:
             first = self._preferred
-        tried: list[str] = []
+        tried: dict[str, str] = {}  # endpoint -> why it failed last
+        refused_tls: set[str] = set()  # a TLS refusal is not retried: it would only repeat
         payload = json.dumps(body).encode()
-        for i in range(len(endpoints)):
+        # Round after round over the endpoints until the deadline: a member that is down
+        # refuses at once, and during a leader election (≈ 1 s after the leader died) the
+        # others answer "no leader" at once too — the next round, a moment later, finds the
+        # new leader, so losing one member of three fails no call.
+        attempt = 0
+        while True:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            index = (first + i) % len(endpoints)
+            if attempt and attempt % len(endpoints) == 0:  # a round failed: a pause, then the next
+                time.sleep(min(left, 0.05 * (1 << min(attempt // len(endpoints), 4))))
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+            index = (first + attempt) % len(endpoints)
+            attempt += 1
             endpoint = endpoints[index]
+            if endpoint in refused_tls:
+                if len(refused_tls) == len(endpoints):
+                    break
+                continue
             try:
                 conn = self._connection(endpoint, left)
                 conn.request("POST", path, payload, {"Content-Type": "application/json"})
@@ -146,7 +162,10 @@ class Etcd:
                 data = response.read(MAX_RESPONSE + 1)
             except (OSError, http.client.HTTPException) as exc:
                 self._drop(endpoint)
-                tried.append(f"{endpoint}: {exc}{self._tls_hint(exc)}")
+                hint = self._tls_hint(exc)
+                tried[endpoint] = f"{exc}{hint}"
+                if hint:
+                    refused_tls.add(endpoint)
                 continue
             if len(data) > MAX_RESPONSE:
                 self._drop(endpoint)
@@ -156,7 +175,7 @@ class Etcd:
             except ValueError:
                 answer = {"error": data[:200].decode("utf-8", "replace")}
             if response.status == 503 or "no leader" in str(answer.get("error", "")):
-                tried.append(f"{endpoint}: {answer.get('error') or response.reason}")
+                tried[endpoint] = str(answer.get("error") or response.reason)
                 continue  # a member without quorum: another one may have it
             if response.status != 200:
                 raise EtcdError(f"etcd at {endpoint} refused {path}: HTTP {response.status}: "
@@ -164,8 +183,9 @@ class Etcd:
             with self._lock:
                 self._preferred = index
             return answer  # type: ignore[no-any-return]
+        reasons = "; ".join(f"{e}: {why}" for e, why in tried.items())
         raise EtcdUnavailable(f"no etcd endpoint answered within {self.config.timeout:g} s"
-                              + (f" ({'; '.join(tried)})" if tried else ""))
+                              + (f" ({reasons})" if reasons else ""))
 
     def _tls_hint(self, exc: BaseException) -> str:
         """What to check when the TLS handshake failed (the server's reason is often only an

@@ -113,6 +113,36 @@ def test_room_in_a_block_needs_no_etcd_and_a_new_block_fails_fast(tmp_path: Path
     assert add(tmp_path, who, "c-again") == more[2]
 
 
+def test_many_adds_needing_a_block_with_etcd_silent_all_fail_fast(tmp_path: Path) -> None:
+    """Claims of one network queue on the node's ledger lock; with etcd not answering (no
+    quorum: connections accepted, requests never answered), the queued ones must not each
+    spend a deadline of their own after the previous one's."""
+    import socket
+    from concurrent.futures import ThreadPoolExecutor
+
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(64)  # the kernel completes the handshakes; nothing ever answers
+    who = ClusterNode("node-a", EtcdConfig((f"http://127.0.0.1:{silent.getsockname()[1]}",), timeout=1.0),
+                      "/tn-test/")
+
+    def one(i: int) -> tuple[int, float]:
+        t0 = time.monotonic()
+        try:
+            add(tmp_path, who, f"c{i}")
+        except CniError as err:
+            return err.code, time.monotonic() - t0
+        return 0, time.monotonic() - t0
+
+    try:
+        with ThreadPoolExecutor(6) as pool:
+            got = list(pool.map(one, range(6)))
+    finally:
+        silent.close()
+    assert [code for code, _ in got] == [11] * 6
+    assert max(t for _, t in got) < 2.5, got  # one deadline (1 s) and the lock, not six
+
+
 def test_a_pool_whose_blocks_all_belong_to_another_node_is_exhausted(tmp_path: Path, etcd: EtcdServer) -> None:
     add(tmp_path, node("node-a", etcd), "a0", subnet="10.91.0.0/28")
     with pytest.raises(CniError) as err:
