@@ -8,7 +8,8 @@ veth netdevs named as the tree says.
 
 What is mirrored from the kernel (drivers/pci/iov.c, drivers/base, net/core/net-sysfs.c):
 
-    devices/pci<dom>:<pb>/<dom>:<pb>:00.0/<addr>/     the device (VFs are siblings of their PF)
+    devices/pci<dom>:<pb>/<dom>:<pb>:00.0/<addr>/     the device (VFs are siblings of their PF);
+                                                    under `SimPf.parent` when one is given
         physfn -> ../<pf addr>                          VF only
         virtfn<N> -> ../<vf addr>, sriov_totalvfs, sriov_numvfs        PF only
         driver -> ../../../../bus/pci/drivers/<name>    (relative, depth as in the tree)
@@ -58,16 +59,23 @@ class SimPf:
     numa_node: int = 0
     totalvfs: int = 8
     switch_id: str = ""
+    # The directory of the PF's upstream bridge, relative to the root, e.g.
+    # "devices/pci0000:10/0000:10:01.0/0000:11:00.0/0000:12:01.0" (a switch's downstream port,
+    # as `tenantnet.lab.pcitree` builds it); "" puts the PF behind a root port of its own on
+    # the bus before its own, as before. The PF and its VFs keep it for their lifetime: a
+    # rewrite with another parent does not move them.
+    parent: str = ""
 
 
 def connectx_pf(
-    pf_netdev: str = "lpf0", vfs: int = 4, dpdk_vfs: Iterable[int] = (), bus: str = "3b", rdma: bool = True
+    pf_netdev: str = "lpf0", vfs: int = 4, dpdk_vfs: Iterable[int] = (), bus: str = "3b", rdma: bool = True,
+    parent: str = "",
 ) -> SimPf:
     """An NVIDIA ConnectX-like PF: mlx5_core, VFs from <bus>:00.2 on, RDMA devices mlx5_<i+2>.
 
     mlx5 numbers VF functions right after the two PF ports (00.0, 00.1), so VF i is PCI
     function 2 + i counted across devices (00.2 … 00.7, 01.0 …), and its RDMA device follows
-    the PFs' mlx5_0 / mlx5_1.
+    the PFs' mlx5_0 / mlx5_1. `parent`: see `SimPf.parent`.
     """
     dpdk = _dpdk_set(dpdk_vfs, vfs)
     bus = _bus(bus)
@@ -80,7 +88,7 @@ def connectx_pf(
             sim_vfs.append(SimVf(address=address, netdev=f"{pf_netdev}v{i}", driver="mlx5_core",
                                  rdma_device=f"mlx5_{i + 2}" if rdma else None))
     return SimPf(address=_address(bus, 0), netdev=pf_netdev, driver="mlx5_core", vfs=sim_vfs,
-                 totalvfs=max(8, vfs))
+                 totalvfs=max(8, vfs), parent=parent)
 
 
 def e810_pf(pf_netdev: str = "lpf1", vfs: int = 4, dpdk_vfs: Iterable[int] = (), bus: str = "5e") -> SimPf:
@@ -103,7 +111,7 @@ def write_tree(root: str | Path, pfs: list[SimPf]) -> None:
     root = Path(root)
     _check(pfs)
     for pf in pfs:
-        parent = _parent_dir(root, pf.address)
+        parent = _parent_dir(root, pf)
         pf_dir = parent / pf.address
         pf_dir.mkdir(parents=True, exist_ok=True)
         wanted_vfs = {vf.address for vf in pf.vfs}
@@ -134,10 +142,12 @@ def write_tree(root: str | Path, pfs: list[SimPf]) -> None:
 # -- layout helpers ------------------------------------------------------------------------
 
 
-def _parent_dir(root: Path, pf_address: str) -> Path:
-    # A PF sits behind a root port on the bus before its own, as on a typical server
-    # (pci0000:3a/0000:3a:00.0/0000:3b:00.0); its VFs are created next to it.
-    domain, bus, _ = pf_address.split(":")
+def _parent_dir(root: Path, pf: SimPf) -> Path:
+    # Without a parent, a PF sits behind a root port on the bus before its own, as on a
+    # typical server (pci0000:3a/0000:3a:00.0/0000:3b:00.0); its VFs are created next to it.
+    if pf.parent:
+        return root / pf.parent
+    domain, bus, _ = pf.address.split(":")
     upstream = f"{max(int(bus, 16) - 1, 0):02x}"
     return root / "devices" / f"pci{domain}:{upstream}" / f"{domain}:{upstream}:00.0"
 
@@ -277,6 +287,13 @@ def _check(pfs: list[SimPf]) -> None:
             seen_netdevs.add(name)
         if len(pf.vfs) > pf.totalvfs:
             raise ValueError(f"PF {pf.address} has {len(pf.vfs)} VFs but sriov_totalvfs is {pf.totalvfs}")
+        if pf.parent:
+            parts = pf.parent.split("/")
+            if (os.path.isabs(pf.parent) or len(parts) < 2 or parts[0] != "devices"
+                    or any(p in ("", ".", "..") for p in parts)):
+                raise ValueError(f"PF {pf.address}: parent {pf.parent!r} is not a path inside the tree's "
+                                 "devices/ directory (relative, no '.' or '..', "
+                                 "e.g. devices/pci0000:10/0000:10:01.0)")
 
 
 def write_representors(root: str | Path, pf: SimPf, representors: dict[int, str], pf_number: int = 0) -> None:
@@ -289,7 +306,7 @@ def write_representors(root: str | Path, pf: SimPf, representors: dict[int, str]
     if not pf.switch_id:
         raise ValueError(f"PF {pf.address}: switchdev representors need a switch_id")
     root = Path(root)
-    pf_dir = _parent_dir(root, pf.address) / pf.address
+    pf_dir = _parent_dir(root, pf) / pf.address
     _write(pf_dir / "net" / pf.netdev / "phys_port_name", f"p{pf_number}")
     class_net = root / "class" / "net"
     class_net.mkdir(parents=True, exist_ok=True)
