@@ -137,6 +137,9 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
                 f"sysfsRoot: {root}/sys\n"
                 f"vfControl: lab:{root}\n"
                 "vfControlModules: [tenantnet.lab.nic]\n"
+                "# its RDMA devices: the lab's simulated RDMA control (tenantnet/lab/rdma.py)\n"
+                f"rdmaControl: lab-rdma:{root}\n"
+                "rdmaControlModules: [tenantnet.lab.rdma]\n"
             )
     return status(root)
 

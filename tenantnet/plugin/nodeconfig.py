@@ -50,6 +50,10 @@ class NodeConfig:
     vf_control: str = "netlink"
     # Modules that register the VF control `vf_control` names when it is not netlink.
     vf_control_modules: tuple[str, ...] = ()
+    # How a VF's RDMA device is moved into the pod: "netlink" (the kernel's RDMA netlink) or
+    # "lab-rdma:<lab dir>" (the lab's simulation, tenantnet/lab/rdma.py).
+    rdma_control: str = "netlink"
+    rdma_control_modules: tuple[str, ...] = ()
     tenancy: dict[str, Any] | None = None  # inline tenancy policy (tenantnet/plugin/tenancy.py)
     tenancy_file: str | None = None
     # Where `tenantnetctl agent run` listens and the `tenantnet` shim connects (docs/agent.md).
@@ -98,6 +102,10 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                                      "(the lab: lab:/path/of/the/lab)"),
     "vfControlModules": ("vf_control_modules", list, "a list of Python module names (dotted) that "
                                                      "register VF controls"),
+    "rdmaControl": ("rdma_control", str, "netlink, or <scheme>:<argument> served by one of "
+                                         "rdmaControlModules (the lab: lab-rdma:/path/of/the/lab)"),
+    "rdmaControlModules": ("rdma_control_modules", list, "a list of Python module names (dotted) that "
+                                                         "register RDMA controls"),
     "tenancy": ("tenancy", dict, "a mapping with tenants (see docs/tenancy.md)"),
     "tenancyFile": ("tenancy_file", str, "an absolute path of a YAML file with the tenancy policy"),
     "agentSocket": ("agent_socket", str, "an absolute path of the agent's unix socket"),
@@ -198,9 +206,10 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             value = normalise_ovsdb_endpoint(cast(str, value))
             if value is None:
                 raise _bad(path, key, data[key], allowed)
-        elif key == "vfControl" and not (value == "netlink" or _VF_CONTROL.fullmatch(cast(str, value))):
+        elif key in ("vfControl", "rdmaControl") and not (
+                value == "netlink" or _VF_CONTROL.fullmatch(cast(str, value))):
             raise _bad(path, key, value, allowed)
-        elif key == "vfControlModules":
+        elif key in ("vfControlModules", "rdmaControlModules"):
             modules = cast("list[object]", value)
             if not all(isinstance(v, str) and _MODULE.fullmatch(v) for v in modules):
                 raise _bad(path, key, value, allowed)

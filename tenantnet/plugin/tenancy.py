@@ -11,7 +11,7 @@ The policy lives in the node config (`tenancy:`) or a YAML file it names (`tenan
           namespaces: [team-a, "team-a-*"]      # exact names and glob patterns
           networks:
             rail-1: {vlans: [100, "200-210"], default: 100}
-          sriov: {spoofchk: required, trust: forbidden}
+          sriov: {spoofchk: required, trust: forbidden, rdmaIsolation: required}
 
 Without a policy nothing changes. Once a policy exists it is default-deny: a pod whose
 namespace maps to no tenant, or whose tenant has no entry for the NAD's network, or a NAD
@@ -52,6 +52,9 @@ class Tenant:
     networks: dict[str, NetworkGrant] = field(default_factory=dict)
     spoofchk_required: bool = False
     trust_forbidden: bool = False
+    # The tenant's VFs' RDMA devices must be isolated in its pods (the subsystem in
+    # exclusive netns mode), else its ADDs are refused.
+    rdma_isolation_required: bool = False
 
     def owns(self, namespace: str) -> bool:
         return any(fnmatch.fnmatchcase(namespace, pattern) for pattern in self.namespaces)
@@ -228,11 +231,13 @@ def parse_policy(data: Any, source: str, node: Any = None) -> TenantPolicy:
         sriov = spec.get("sriov") or {}
         if not isinstance(sriov, dict):
             raise _bad(f"{where}.sriov", sriov, "must be a mapping")
-        for key, allowed in (("spoofchk", ("required", "any")), ("trust", ("forbidden", "any"))):
+        for key, allowed in (("spoofchk", ("required", "any")), ("trust", ("forbidden", "any")),
+                             ("rdmaIsolation", ("required", "any"))):
             if sriov.get(key, "any") not in allowed:
                 raise _bad(f"{where}.sriov.{key}", sriov.get(key), f"must be one of {', '.join(allowed)}")
         tenants.append(Tenant(str(name), tuple(namespaces), networks,
-                              sriov.get("spoofchk") == "required", sriov.get("trust") == "forbidden"))
+                              sriov.get("spoofchk") == "required", sriov.get("trust") == "forbidden",
+                              sriov.get("rdmaIsolation") == "required"))
     _one_tenant_per_vlan(tenants, declared, node)
     return TenantPolicy(tuple(tenants), source, declared)
 
@@ -335,4 +340,7 @@ def enforce(policy: TenantPolicy | None, conf: Any, env: Any, log: Any) -> Any:
     tenant = policy.tenant_of(env.args.pod_namespace)
     if conf.vf is not None and tenant is not None and tenant.spoofchk_required:
         conf = replace(conf, vf=replace(conf.vf, spoofchk=True))
+    if conf.vf is not None and tenant is not None and tenant.rdma_isolation_required:
+        conf = replace(conf, vf=replace(conf.vf, rdma="exclusive",
+                                        rdma_required_by=f"tenant {tenant.name}'s rdmaIsolation: required"))
     return conf

@@ -37,6 +37,9 @@ class OvsPortSettings:
     ovsdb: str = ""
 
 
+RDMA_CHOICES = ("auto", "exclusive", "off")
+
+
 @dataclass(frozen=True)
 class VfSettings:
     """sriov-cni's fields; spoofchk on and trust off unless the config says otherwise."""
@@ -56,6 +59,10 @@ class VfSettings:
     # Under a tenancy policy: the PFs the admin declared for the network (a VF named by
     # deviceID must belong to one of them); empty = no restriction.
     allowed_pfs: tuple[str, ...] = ()
+    # The VF's RDMA device: moved into the pod when the RDMA subsystem isolates namespaces
+    # ("auto": else a warning; "exclusive": else the ADD is refused), or left alone ("off").
+    rdma: str = "auto"
+    rdma_required_by: str = "the network's rdma: exclusive"  # or the tenancy policy
 
 
 @dataclass(frozen=True)
@@ -350,6 +357,9 @@ def _vf_settings(conf: NetConf) -> VfSettings:
     link_state = raw.get("link_state")
     if link_state is not None and link_state not in ("auto", "enable", "disable"):
         raise invalid_config("link_state", link_state, 'must be "auto", "enable" or "disable"')
+    rdma = raw.get("rdma", "auto")
+    if rdma not in RDMA_CHOICES:
+        raise invalid_config("rdma", rdma, 'must be "auto", "exclusive" or "off"')
     min_rate = _int_field(raw, "min_tx_rate", 0, 10_000_000)
     max_rate = _int_field(raw, "max_tx_rate", 0, 10_000_000)
     if min_rate and max_rate and min_rate > max_rate:
@@ -358,7 +368,7 @@ def _vf_settings(conf: NetConf) -> VfSettings:
         device_id=dev, device_id_field=dev_field, pfs=tuple(pfs), vlan=vlan, vlan_qos=qos, vlan_proto=proto,
         spoofchk=_on_off(raw, "spoofchk", True), trust=_on_off(raw, "trust", False),
         link_state=link_state, min_tx_rate=min_rate, max_tx_rate=max_rate,
-        mtu=_int_field(raw, "mtu", 68, 65535),
+        mtu=_int_field(raw, "mtu", 68, 65535), rdma=rdma,
     )
 
 

@@ -11,6 +11,7 @@ can leave on a lab node, without knowing which names to expect:
 - **vfs**: every VF of every PF of the lab's simulated NIC: its PF-side state as the lab VF
   control reports it (admin MAC, VLAN/QoS/proto, spoofchk, trust, link state, rates) and its
   host netdev (name, MAC, MTU, up, alias; None while it is not in the host namespace);
+- **rdma**: where each simulated RDMA device of the NIC is (None: the host);
 - **devinfo**: every file under `<lab>/devinfo` with its content;
 - **ipam**: every host-local file under the lab's IPAM data directories (allocation files
   with their owner; `last_reserved_ip.*` and `lock` are host-local's cursor and lock, not
@@ -332,6 +333,14 @@ def processes(lab: Any) -> dict[str, Any]:
     return out
 
 
+def rdma_state(lab: Any) -> dict[str, Any]:
+    """Where each simulated RDMA device of the lab's NIC is: None on the host, else the
+    holding namespace's identity (the lab's RDMA control, a simulation)."""
+    from tenantnet.lab.rdma import LabRdmaControl
+
+    return {d["device"]: d["netns"] for d in LabRdmaControl(str(lab.root)).describe()}
+
+
 # ---- the snapshot ---------------------------------------------------------------------------
 
 def snapshot(lab: Any, netns: Iterable[Any] = ()) -> dict[str, Any]:
@@ -344,6 +353,7 @@ def snapshot(lab: Any, netns: Iterable[Any] = ()) -> dict[str, Any]:
         "host_links": links,
         "netns": {n: netns_links(n) for n in names},
         "vfs": vf_state(lab, raw),
+        "rdma": rdma_state(lab),
         "devinfo": _files(Path(lab.root) / "devinfo"),
         "ipam": ipam_rows(lab),
         "records": record_files(lab),

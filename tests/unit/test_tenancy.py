@@ -91,3 +91,28 @@ def test_declared_ovsdb_must_be_allowed_by_the_node():
     with pytest.raises(CniError) as err:
         parse_policy({"networks": {"n": {"bridge": "br", "ovsdb": "unix:/c.sock"}}, "tenants": {}}, "x", node)
     assert "networks.n.ovsdb" in err.value.msg
+
+
+def test_rdma_isolation_required_forces_exclusive_rdma():
+    from dataclasses import make_dataclass
+    from types import SimpleNamespace
+
+    from cni.netconf import parse_netconf
+    from tenantnet.plugin.tenancy import enforce
+    from tenantnet.plugin.tnconf import VfSettings
+
+    policy = parse_policy({"networks": {"rail": {"pfs": ["ens1f0"]}}, "tenants": {"a": {
+        "namespaces": ["team-a"], "networks": {"rail": {"vlans": [100]}},
+        "sriov": {"rdmaIsolation": "required"}}}}, "x")
+    assert policy.tenant_of("team-a").rdma_isolation_required
+    base = parse_netconf({"cniVersion": "1.0.0", "name": "rail", "type": "tenantnet", "vlan": 100})
+    conf = make_dataclass("Conf", ["base", "name", "ovs", "vf"])(base, "rail", None,
+                                                                 VfSettings(pfs=("ens1f0",), vlan=100))
+    env = SimpleNamespace(args=SimpleNamespace(pod_namespace="team-a", pod_name="p"), container_id="c")
+    log = SimpleNamespace(info=lambda *a, **k: None, warning=lambda *a, **k: None)
+    forced = enforce(policy, conf, env, log)
+    assert forced.vf.rdma == "exclusive" and "rdmaIsolation: required" in forced.vf.rdma_required_by
+    with pytest.raises(CniError) as err:
+        parse_policy({"networks": {}, "tenants": {"a": {"namespaces": ["x"], "sriov": {"rdmaIsolation": "yes"}}}},
+                     "x")
+    assert "rdmaIsolation" in err.value.msg

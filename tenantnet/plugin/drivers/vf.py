@@ -25,8 +25,9 @@ from cni.errors import CniError, Code
 from tenantnet.plugin import faults
 from tenantnet.plugin.drivers.base import Attached, Driver, owner_mark
 from tenantnet.plugin.records import AttachmentRecord, CorruptRecord, Plan, RecordStore
-from tenantnet.plugin.system import netlink, vfcontrol
+from tenantnet.plugin.system import netlink, rdmacontrol, vfcontrol
 from tenantnet.plugin.system.netns import netns_exists
+from tenantnet.plugin.system.rdmacontrol import RdmaControl
 from tenantnet.plugin.system.sysfs import Sysfs, SysfsError, VirtualFunction
 from tenantnet.plugin.system.vfcontrol import VfAttributeRefused, VfControl
 from tenantnet.plugin.system.vfstate import VfState
@@ -38,6 +39,7 @@ SAFE_VF_STATE = VfState(mac="00:00:00:00:00:00", vlan=0, qos=0, proto="802.1q", 
 _FIELDS = ("mac", "vlan", "spoofchk", "trust", "link_state", "rate")
 STEP_VF = "vf"
 STEP_NETDEV = "netdev"
+STEP_RDMA = "rdma"
 
 
 @dataclass
@@ -88,6 +90,9 @@ class VfPlan(Plan):
     dpdk: bool = False  # bound to a userspace driver: no netdev in the pod
     numa_node: int | None = None
     rdma: str | None = None  # the VF's RDMA device, if any
+    # Whether ADD moves the RDMA device into the pod (decided in `plan`: the subsystem is in
+    # exclusive netns mode and the network's `rdma` is not off).
+    rdma_isolated: bool = False
     original: VfOriginal | None = None
 
     _decoders = {"original": VfOriginal.from_dict}
@@ -112,12 +117,43 @@ class VfDriver(Driver):
         super().__init__(node)
         self.sysfs = Sysfs(node.sysfs_root)
         self._control: VfControl | None = None
+        self._rdma_control: RdmaControl | None = None
 
     @property
     def control(self) -> VfControl:
         if self._control is None:
             self._control = vfcontrol.control_for(self.node.vf_control, self.node.vf_control_modules)
         return self._control
+
+    @property
+    def rdma_control(self) -> RdmaControl:
+        if self._rdma_control is None:
+            node = self.node
+            self._rdma_control = rdmacontrol.control_for(node.rdma_control, node.rdma_control_modules)
+        return self._rdma_control
+
+    def _rdma_isolated(self, conf: TenantnetConf, vf: VirtualFunction) -> bool:
+        """Whether this VF's RDMA device goes into the pod. In shared netns mode every
+        namespace sees every RDMA device and none can be moved: "auto" warns and attaches
+        the netdev alone, "exclusive" (or a tenant's `rdmaIsolation: required`) refuses the
+        ADD here, before anything is touched."""
+        assert conf.vf is not None
+        if not vf.rdma_device or conf.vf.rdma == "off":
+            return False
+        mode = self.rdma_control.netns_mode()
+        if mode == rdmacontrol.EXCLUSIVE:
+            return True
+        problem = (f"VF {vf.address}'s RDMA device {vf.rdma_device} cannot be isolated in the pod: the "
+                   f"node's RDMA subsystem is in {mode} netns mode (every namespace sees every RDMA device)")
+        if conf.vf.rdma == "exclusive":
+            raise CniError(Code.RDMA_NOT_ISOLATED, f"RDMA isolation: {problem}; {conf.vf.rdma_required_by} "
+                                                   "asks for exclusive", rdmacontrol.SHARED_MODE_FIX)
+        from tenantnet.plugin.log import get
+
+        # The log's warnings reach stderr too (entry/logsetup.py), so the runtime's log shows them.
+        get("tenantnet.rdma").warning("rdma.shared_mode", network=conf.name, problem=problem,
+                                      fix=rdmacontrol.SHARED_MODE_FIX)
+        return False
 
     # ---- choosing the VF ------------------------------------------------------------
     @contextmanager
@@ -225,6 +261,7 @@ class VfDriver(Driver):
         return self.plan_type(device_id=vf.address, pf_address=vf.pf_address, pf=vf.pf_netdev,
                               vf_index=vf.index, driver=vf.driver, dpdk=vf.userspace,
                               numa_node=vf.numa_node, rdma=vf.rdma_device,
+                              rdma_isolated=self._rdma_isolated(conf, vf),
                               original=VfOriginal(original_vf, netdev))
 
     def plan_without_record(self, conf: TenantnetConf, env: CniEnv,
@@ -260,8 +297,10 @@ class VfDriver(Driver):
         """The plan that undoes an attachment of `vf` whose record is lost."""
         # Unknown original: reset to the fail-safe state; the netdev comes home under the
         # name sysfs knows for it (if any), down.
+        # Its RDMA device, if it has one, is returned to the host too (a no-op when it is there).
         return self.plan_type(device_id=vf.address, pf_address=vf.pf_address, pf=vf.pf_netdev or "",
                               vf_index=vf.index, driver=vf.driver, dpdk=vf.userspace,
+                              rdma=vf.rdma_device, rdma_isolated=bool(vf.rdma_device),
                               original=VfOriginal(SAFE_VF_STATE,
                                                   NetdevState(vf.netdev) if vf.netdev else None))
 
@@ -294,12 +333,25 @@ class VfDriver(Driver):
             raise CniError(Code.INVALID_ENV,
                            f"invalid CNI_IFNAME={record.ifname!r}: an interface of that name already "
                            f"exists in {record.netns}") from None
+        if plan.rdma and plan.rdma_isolated:
+            # After the netdev (the pod sees its interface first), recorded before it moves.
+            record.mark(STEP_RDMA)
+            self.rdma_control.move(plan.rdma, record.netns)
+            faults.step("sriov.rdma-moved")
         return Attached(host=None, pod_ifname=record.ifname, pci_id=plan.device_id, device_info=info)
 
     def detach(self, record: AttachmentRecord) -> None:
         plan = vf_plan(record)
         done = record.progress
         original = plan.original or VfOriginal(SAFE_VF_STATE)
+        if plan.rdma and plan.rdma_isolated and (done is None or STEP_RDMA in done):
+            # Before the netdev leaves the pod; with the pod's namespace gone the kernel has
+            # returned the device itself, and return_to_host checks it is home.
+            in_pod = bool(record.netns) and netns_exists(record.netns)
+            if not self.rdma_control.return_to_host(plan.rdma, record.netns if in_pod else None):
+                raise rdmacontrol.RdmaProblem(f"the RDMA device {plan.rdma} of VF {plan.device_id} is not "
+                                              "back on the host, and is in no namespace we can reach")
+            faults.step("sriov.rdma-returned")
         if not plan.dpdk and (done is None or STEP_NETDEV in done):
             self._return_netdev(record, original.netdev)
             faults.step("sriov.netdev-returned")
