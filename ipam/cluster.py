@@ -281,39 +281,84 @@ class Ledger:
         current = self._read()
         self._write({b: current.get(b) for b in blocks})
 
-    def return_empty(self, store: Store, release_after: float) -> list[IPNetwork]:
+    def return_empty(self, store: Store, release_after: float, sweep: bool = False) -> list[IPNetwork]:
         """Give back to the pool every block of this node that has held no address for
-        `release_after` seconds (as seen by earlier calls); the blocks returned. Run inside
-        the store's write transaction, so no ADD of this node can allocate in a block while
-        it is being returned; etcd is told afterwards (a failure there only leaves a block
-        that the next claim adopts again)."""
+        `release_after` seconds (as seen by earlier calls); the blocks returned. The choice is
+        made inside the store's write transaction, so no ADD of this node can allocate in a
+        block while it is being returned, and etcd is told while the ledger's lock is still
+        held, so no claim of this node can adopt the block back in between (it would then
+        allocate in a block etcd is about to call free).
+
+        A block whose return etcd did not hear of (unreachable) is remembered in
+        `<network>.returning` and told again on the next call. With `sweep` (GC), blocks
+        that etcd says are this node's but the blocks file lacks and that hold no address (a
+        crash between a claim and the file) are returned too."""
         now = time.time()
         returned: list[IPNetwork] = []
-        with self._locked(), store.transaction() as txn:
-            blocks = self._read()
-            if not blocks:
+        with self._locked():
+            pending = self._returning()
+            with store.transaction() as txn:
+                blocks = self._read()
+                before = dict(blocks)
+                held = [a.address for a in txn.allocations(self.network)]
+                for block in list(blocks):
+                    if any(a.version == block.version and a in block for a in held):
+                        blocks[block] = None
+                        continue
+                    since = blocks[block]
+                    if since is None and release_after > 0:
+                        blocks[block] = now  # empty from now on: returned once the grace has passed
+                    elif since is None or now - since >= release_after:
+                        returned.append(block)
+                        del blocks[block]
+                if blocks != before:
+                    self._write(blocks)
+            todo = list(dict.fromkeys([*pending, *returned]))
+            if not todo and not sweep:
                 return []
-            before = dict(blocks)
-            held = [a.address for a in txn.allocations(self.network)]
-            for block in list(blocks):
-                if any(a.version == block.version and a in block for a in held):
-                    blocks[block] = None
-                    continue
-                since = blocks[block]
-                if since is None and release_after > 0:
-                    blocks[block] = now  # empty from now on: returned once the grace has passed
-                elif since is None or now - since >= release_after:
-                    returned.append(block)
-                    del blocks[block]
-            if blocks != before:
-                self._write(blocks)
-        etcd = client(self.node.etcd)
-        for block in returned:
-            key = self.key_prefix + _block_name(block)
-            kv = etcd.get(key)
-            if kv is not None and owner_of(kv.value) == self.node.name:
-                etcd.delete_if(key, kv.value)
+            etcd = client(self.node.etcd)
+            if sweep:
+                try:
+                    todo += [b for b, owner in self._taken(etcd).items()
+                             if owner == self.node.name and b not in blocks and b not in todo
+                             and not any(a.version == b.version and a in b for a in held)]
+                except EtcdUnavailable:
+                    self._set_returning(todo)
+                    raise
+            for i, block in enumerate(todo):
+                key = self.key_prefix + _block_name(block)
+                try:
+                    kv = etcd.get(key)
+                    if kv is not None and owner_of(kv.value) == self.node.name:
+                        etcd.delete_if(key, kv.value)
+                except EtcdUnavailable:
+                    self._set_returning(todo[i:])
+                    raise
+            if pending:
+                self._set_returning([])
         return returned
+
+    @property
+    def _returning_path(self) -> str:
+        return self.path[: -len(".blocks")] + ".returning"
+
+    def _returning(self) -> list[IPNetwork]:
+        """Blocks taken out of the blocks file whose return etcd has not heard of yet."""
+        try:
+            with open(self._returning_path, encoding="utf-8") as fh:
+                return [_parse_block(line.strip()) for line in fh.read(1 << 20).splitlines() if line.strip()]
+        except (FileNotFoundError, ValueError):
+            return []
+
+    def _set_returning(self, blocks: list[IPNetwork]) -> None:
+        if not blocks:
+            if os.path.exists(self._returning_path):
+                os.unlink(self._returning_path)
+            return
+        tmp = f"{self._returning_path}.tmp.{os.getpid()}.{threading.get_ident()}"
+        with open(tmp, "w", encoding="utf-8") as fh:
+            fh.write("".join(f"{_block_name(b)}\n" for b in blocks))
+        os.replace(tmp, self._returning_path)
 
     def _value(self) -> bytes:
         return json.dumps({"node": self.node.name, "claimed": round(time.time(), 3)}).encode()
@@ -411,8 +456,11 @@ class Ledger:
         for _ in range(4):
             if etcd.create_guarded(key, self._value(), self.sizes_key, self._sizes_value()):
                 return True
-            if etcd.get(key) is not None:
-                return False
+            kv = etcd.get(key)
+            if kv is not None:
+                # Ours when an earlier attempt of this call committed without its answer
+                # reaching us (the client tries the next endpoint after a time-out).
+                return owner_of(kv.value) == self.node.name
             self._agree(etcd, taken)  # the sizes changed under us: agree again (or refuse)
         return False
 
@@ -521,6 +569,9 @@ class Ledger:
                 wanted = [b for b in adopted if _in(b, rs)]
                 if adopted:
                     self._remember(sorted(known | set(adopted), key=lambda b: (b.version, b)))
+                    pending = self._returning()
+                    if set(pending) & set(adopted):  # ours again: no longer to be returned
+                        self._set_returning([b for b in pending if b not in adopted])
                 if wanted:
                     return wanted[0]
                 if not self.pool:

@@ -156,7 +156,12 @@ class Etcd:
                     break
                 continue
             try:
-                conn = self._connection(endpoint, left)
+                # One attempt gets a share of the deadline, not all of it: a request a follower
+                # is forwarding when the leader dies gets no answer before etcd's own request
+                # timeout (≈ 7 s), while the other members answer after the election (≈ 1 s).
+                # Repeating a request on the next endpoint is safe for every call made here
+                # (range, put, create-if-absent, delete-if-value, leases).
+                conn = self._connection(endpoint, min(left, max(1.0, self.config.timeout / 3)))
                 conn.request("POST", path, payload, {"Content-Type": "application/json"})
                 response = conn.getresponse()
                 data = response.read(MAX_RESPONSE + 1)

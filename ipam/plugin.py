@@ -177,7 +177,8 @@ def delete(env: CniEnv, conf: NetConf, limits: Confinement | None = None,
         return_empty_blocks(store, conf, data_dir, cluster_node)
 
 
-def return_empty_blocks(store: Store, conf: NetConf, data_dir: str, node: ClusterNode | None) -> None:
+def return_empty_blocks(store: Store, conf: NetConf, data_dir: str, node: ClusterNode | None,
+                        sweep: bool = False) -> None:
     """Cluster mode: blocks of this node empty for `releaseAfter` go back to the pool. Best
     effort, never an error: a DEL always succeeds locally, and what is not returned now is
     returned by a later DEL or GC."""
@@ -188,7 +189,7 @@ def return_empty_blocks(store: Store, conf: NetConf, data_dir: str, node: Cluste
     try:
         settings = parse_ipam(conf.ipam).cluster
         assert settings is not None
-        cluster.Ledger(node, conf.name, data_dir, settings).return_empty(store, settings.release_after)
+        cluster.Ledger(node, conf.name, data_dir, settings).return_empty(store, settings.release_after, sweep)
     except (CniError, OSError, cluster.EtcdUnavailable, cluster.EtcdError):
         pass
 
@@ -244,7 +245,8 @@ def gc(conf: NetConf, keep: set[tuple[str, str]], limits: Confinement | None = N
     store = open_store(data_dir, create=False)
     if store is not None:
         store_gc(store, conf.name, keep)
-        return_empty_blocks(store, conf, data_dir, cluster_node)
+        # GC also returns blocks etcd names as this node's that its blocks file lost.
+        return_empty_blocks(store, conf, data_dir, cluster_node, sweep=True)
 
 
 def status(conf: NetConf, limits: Confinement | None = None) -> None:
