@@ -57,6 +57,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                            help="also build a simulated SR-IOV NIC (PF lpf0) with N VFs (0-16)")
             p.add_argument("--switchdev", action="store_true",
                            help="the simulated NIC in switchdev mode: VF representors for OVS offload")
+            p.add_argument("--gpus", type=int, default=0, metavar="8",
+                           help="the simulated 8-GPU / 8-NIC server instead (two sockets, a PCIe switch "
+                                "per GPU and NIC, --vfs VFs per NIC, default 2) and a simulated kubelet "
+                                "answering the pod-resources API, for rail alignment")
             p.add_argument("--dpdk-vfs", type=int, default=0, metavar="K",
                            help="bind the last K simulated VFs to vfio-pci (DPDK mode)")
             p.add_argument("--nodes", type=int, default=1, metavar="N",
@@ -76,6 +80,10 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if args.lab_command == "up" and not (0 <= args.vfs <= 16 and 0 <= args.dpdk_vfs <= args.vfs):
         print("tenantnetctl lab up: --vfs must be 0-16 and --dpdk-vfs at most --vfs", file=sys.stderr)
         return 2
+    if args.lab_command == "up" and args.gpus not in (0, 8):
+        print("tenantnetctl lab up: --gpus must be 8 (the simulated server has 8 GPUs and 8 NICs)",
+              file=sys.stderr)
+        return 2
     if args.lab_command == "up" and not 1 <= args.nodes <= 8:
         print("tenantnetctl lab up: --nodes must be 1-8", file=sys.stderr)
         return 2
@@ -85,7 +93,7 @@ def cmd_lab(args: argparse.Namespace) -> int:
             return _cmd_cluster(args)
         if args.lab_command == "up":
             info = lab.up(args.dir, args.bridge, vfs=args.vfs, dpdk_vfs=args.dpdk_vfs,
-                          refuse=args.refuse or [], switchdev=args.switchdev)
+                          refuse=args.refuse or [], switchdev=args.switchdev, gpus=args.gpus)
             if args.json:
                 print(json.dumps(lab.as_dict(info), indent=2))
             else:

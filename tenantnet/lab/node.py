@@ -69,12 +69,16 @@ def _nics(root: str) -> list[dict[str, Any]]:
 
 
 def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpdk_vfs: int = 0,
-       refuse: list[str] | None = None, switchdev: bool = False) -> LabInfo:
+       refuse: list[str] | None = None, switchdev: bool = False, gpus: int = 0) -> LabInfo:
     """Start the lab; with `vfs` > 0 also a simulated SR-IOV NIC (PF `lpf0`) with that many VFs,
     the last `dpdk_vfs` of them bound to vfio-pci; `switchdev` puts it in switchdev mode
     (VF representors, the PF — then named `t<hash>p` — as uplink port of `bridge`). `refuse`
     names VF attributes the simulated NIC refuses (e.g. ["rate"]), to see how a NIC without
-    that feature is handled."""
+    that feature is handled. `gpus` = 8: instead, the simulated 8-GPU / 8-NIC server of
+    `tenantnet.lab.gpuserver` (NICs `t<hash>g0` … `g7`, `vfs` VFs each, default 2) and its
+    simulated kubelet."""
+    if gpus not in (0, 8):
+        raise LabError(f"--gpus {gpus}: the lab's simulated server has 8 GPUs and 8 NICs (--gpus 8)")
     p = paths(root)
     current = status(root)
     if current.running:
@@ -97,7 +101,13 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
               "--enable-dummy", "--detach", "--no-chdir"], root, "starting ovs-vswitchd")
         vsctl(root, "add-br", bridge, "--", "set", "Bridge", bridge, f"datapath_type={DATAPATH}",
               "external_ids:tenantnet-lab=true")
-        if vfs:
+        if gpus:
+            from tenantnet.lab import gpuserver
+
+            tag = "t" + hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:5]
+            gpuserver.build(root, vfs or 2, f"{tag}g", lambda *a: vsctl(root, *a), bridge)
+            gpuserver.start(root)
+        elif vfs:
             from tenantnet.lab.nic import LabNic
             from tenantnet.lab.nicsysfs import connectx_pf
 
@@ -131,7 +141,15 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
             f"resolvConfPaths: [{root}/resolv.d]\n"
             f"ovsConfigurationPaths: [{root}/ovs.d]\n"
         )
-        if vfs:
+        if gpus:
+            from tenantnet.lab import gpuserver
+
+            fh.write(
+                "# the simulated 8-GPU / 8-NIC server (tenantnet/lab/gpuserver.py): its kubelet and GPUs\n"
+                f"podResourcesSocket: {gpuserver.socket_path(root)}\n"
+                f"nvidiaProcRoot: {root}/proc\n"
+            )
+        if vfs or gpus:
             fh.write(
                 "# the simulated SR-IOV NIC (tenantnet/lab/nic.py): fake sysfs + lab VF control\n"
                 f"sysfsRoot: {root}/sys\n"
@@ -189,8 +207,11 @@ def down(root: str = DEFAULT_ROOT) -> list[str]:
             if subprocess.run(["ip", "link", "delete", link], capture_output=True,
                               check=False).returncode == 0:
                 removed.append(f"link {link}")
+    from tenantnet.lab import gpuserver
     from tenantnet.lab.nic import LabNic
 
+    if gpuserver.stop(root):
+        removed.append("simulated kubelet")
     removed += LabNic(root).destroy()
     if daemon_pid(root, "ovs-vswitchd"):
         # `exit --cleanup` deletes the datapath and its ports before the process ends.

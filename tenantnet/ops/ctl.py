@@ -125,12 +125,16 @@ def cmd_ls(args: argparse.Namespace) -> int:
         shown = plan.host_ifname if isinstance(plan, OvsPlan) else \
             plan.device_id if isinstance(plan, VfPlan) else ""
         port = plan if isinstance(plan, PortPlan) else None
+        vf = plan if isinstance(plan, VfPlan) else None
         rows.append({
             "network": rec.network,
             "pod": "/".join(p for p in (rec.pod.namespace, rec.pod.name) if p) or "-",
             "containerID": rec.container_id, "ifname": rec.ifname, "mode": rec.mode,
             "phase": rec.phase, "hostIfname": shown, "bridge": (port.bridge if port else None) or "",
             "vlan": port.vlan if port else None, "ips": ips,
+            # The VF's RDMA device (and whether it is in the pod), the GPU it is paired with.
+            "rdmaDevice": vf.rdma if vf else None, "rdmaInPod": bool(vf and vf.rdma and vf.rdma_isolated),
+            "gpu": vf.gpu if vf else None, "gpuDistance": vf.gpu_distance if vf else None,
         })
     # Unreadable records moved aside by DEL/GC (tenantnet.plugin.records): listed so nobody misses them.
     corrupt += [{"path": p, "problem": "unreadable record (quarantined)", "quarantined": True}
@@ -140,10 +144,12 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     for c in corrupt:
         print(f"corrupt: {c['path']}: {c['problem']}", file=sys.stderr)
-    header = ("NETWORK", "POD", "IFNAME", "MODE", "PHASE", "HOST/VF", "BRIDGE", "VLAN", "IPS")
+    header = ("NETWORK", "POD", "IFNAME", "MODE", "PHASE", "HOST/VF", "BRIDGE", "VLAN", "RDMA", "GPU", "IPS")
     table = [header] + [
         (r["network"], r["pod"], r["ifname"], r["mode"], r["phase"], r["hostIfname"], r["bridge"],
-         "" if r["vlan"] is None else str(r["vlan"]), ",".join(r["ips"])) for r in rows
+         "" if r["vlan"] is None else str(r["vlan"]),
+         (r["rdmaDevice"] + ("" if r["rdmaInPod"] else " (host)")) if r["rdmaDevice"] else "",
+         f"{r['gpu']} {r['gpuDistance']}" if r["gpu"] else "", ",".join(r["ips"])) for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:
@@ -387,7 +393,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.set_defaults(func=cmd_ls)
 
     from tenantnet.entry import agentctl as agent_cli
-    from tenantnet.ops import install
+    from tenantnet.ops import install, railsctl
     from tenantnet.ops import ipamctl as ipam_cli
     from tenantnet.ops.flowreport import cli as offload_cli
 
@@ -395,6 +401,7 @@ def build_parser() -> argparse.ArgumentParser:
     ipam_cli.register_cluster(sub, node_config_path)
     install.register(sub)
     offload_cli.register(sub, node_config_path)
+    railsctl.register(sub, node_config_path)
     agent_cli.register(sub)
     return parser
 

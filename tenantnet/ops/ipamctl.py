@@ -221,10 +221,10 @@ def _table(rows: list[Allocation]) -> str:
         )
         for a in rows
     ]
-    return _columns(lines)
+    return columns(lines)
 
 
-def _columns(lines: Sequence[Sequence[str]]) -> str:
+def columns(lines: Sequence[Sequence[str]]) -> str:
     """Rows of cells (the first: the header) as left-aligned columns."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(
@@ -336,7 +336,7 @@ def _cluster_table(rows: list[Any]) -> str:
          h.allocation.ifname,
          f"{h.allocation.pod_namespace}/{h.allocation.pod_name}" if h.allocation.pod_name else "-", _age(h))
         for h in rows]
-    return _columns(lines)
+    return columns(lines)
 
 
 def _cluster_guard(handler: Callable[[argparse.Namespace, _ClusterView], int]

@@ -19,6 +19,7 @@ from hostfiles.confined import plain_path_problem, within
 from ipam.config import DEFAULT_CONFINEMENT
 from tenantnet.plugin import nodepath
 from tenantnet.plugin.log import level_number
+from tenantnet.plugin.pci import normalise_pci_address
 
 DEFAULT_PATH = nodepath.DEFAULT_PATH
 DEFAULT_OVSDB = "unix:/var/run/openvswitch/db.sock"
@@ -54,6 +55,12 @@ class NodeConfig:
     # "lab-rdma:<lab dir>" (the lab's simulation, tenantnet/lab/rdma.py).
     rdma_control: str = "netlink"
     rdma_control_modules: tuple[str, ...] = ()
+    # Rail alignment (docs/rails.md): the kubelet's pod-resources API names the pod's GPUs,
+    # the nvidia driver's /proc files (or gpuMap) their PCI addresses.
+    pod_resources_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    gpu_resource_names: tuple[str, ...] = ("nvidia.com/gpu",)
+    nvidia_proc_root: str = "/proc"
+    gpu_map: dict[str, str] | None = None  # GPU UUID or device id -> PCI address
     tenancy: dict[str, Any] | None = None  # inline tenancy policy (tenantnet/plugin/tenancy.py)
     tenancy_file: str | None = None
     # Where `tenantnetctl agent run` listens and the `tenantnet` shim connects (docs/agent.md).
@@ -106,6 +113,13 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                                          "rdmaControlModules (the lab: lab-rdma:/path/of/the/lab)"),
     "rdmaControlModules": ("rdma_control_modules", list, "a list of Python module names (dotted) that "
                                                          "register RDMA controls"),
+    "podResourcesSocket": ("pod_resources_socket", str, "an absolute path of the kubelet's pod-resources "
+                                                        "socket"),
+    "gpuResourceNames": ("gpu_resource_names", list, "a list of extended resource names of GPUs "
+                                                     "(default [nvidia.com/gpu])"),
+    "nvidiaProcRoot": ("nvidia_proc_root", str, "an absolute directory path holding driver/nvidia/gpus "
+                                                "(default /proc)"),
+    "gpuMap": ("gpu_map", dict, "a mapping of GPU UUIDs (or device ids) to PCI addresses"),
     "tenancy": ("tenancy", dict, "a mapping with tenants (see docs/tenancy.md)"),
     "tenancyFile": ("tenancy_file", str, "an absolute path of a YAML file with the tenancy policy"),
     "agentSocket": ("agent_socket", str, "an absolute path of the agent's unix socket"),
@@ -135,12 +149,13 @@ _KEYS: dict[str, tuple[str, type, str]] = {
 }
 
 _VF_CONTROL = re.compile(r"[a-z][a-z0-9-]*:\S+")
+_RESOURCE = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
 _MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
 _PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
 
 
 _PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir",
-              "ipamDataDir",
+              "ipamDataDir", "podResourcesSocket", "nvidiaProcRoot",
               "etcdCaFile", "etcdCertFile", "etcdKeyFile")
 _ETCD_URL = re.compile(r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?")
 _NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
@@ -221,6 +236,17 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             if any(plain_path_problem(v) for v in paths):
                 raise _bad(path, key, value, allowed)
             value = tuple(paths)
+        elif key == "gpuResourceNames":
+            names = cast("list[object]", value)
+            if not names or not all(isinstance(n, str) and _RESOURCE.fullmatch(n) for n in names):
+                raise _bad(path, key, value, allowed)
+            value = tuple(names)
+        elif key == "gpuMap":
+            pairs = cast("dict[object, object]", value)
+            if not all(isinstance(k, str) and isinstance(v, str) and normalise_pci_address(v) for k, v in
+                       pairs.items()):
+                raise _bad(path, key, value, allowed)
+            value = {str(k): str(normalise_pci_address(cast(str, v))) for k, v in pairs.items()}
         elif key == "ovsdbEndpoints":
             given = cast("list[object]", value)
             endpoints = [normalise_ovsdb_endpoint(v) if isinstance(v, str) else None for v in given]

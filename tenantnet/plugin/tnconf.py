@@ -63,6 +63,10 @@ class VfSettings:
     # ("auto": else a warning; "exclusive": else the ADD is refused), or left alone ("off").
     rdma: str = "auto"
     rdma_required_by: str = "the network's rdma: exclusive"  # or the tenancy policy
+    # railAlignment: the VF must be within this PCIe distance (PIX, PXB, PHB, NODE) of one of
+    # the pod's GPUs not paired with another rail of the pod; "warn" or "refuse" otherwise.
+    rail_within: str | None = None
+    rail_action: str = "warn"
 
 
 @dataclass(frozen=True)
@@ -357,6 +361,7 @@ def _vf_settings(conf: NetConf) -> VfSettings:
     link_state = raw.get("link_state")
     if link_state is not None and link_state not in ("auto", "enable", "disable"):
         raise invalid_config("link_state", link_state, 'must be "auto", "enable" or "disable"')
+    rail_within, rail_action = _rail_alignment(raw.get("railAlignment"))
     rdma = raw.get("rdma", "auto")
     if rdma not in RDMA_CHOICES:
         raise invalid_config("rdma", rdma, 'must be "auto", "exclusive" or "off"')
@@ -368,8 +373,30 @@ def _vf_settings(conf: NetConf) -> VfSettings:
         device_id=dev, device_id_field=dev_field, pfs=tuple(pfs), vlan=vlan, vlan_qos=qos, vlan_proto=proto,
         spoofchk=_on_off(raw, "spoofchk", True), trust=_on_off(raw, "trust", False),
         link_state=link_state, min_tx_rate=min_rate, max_tx_rate=max_rate,
-        mtu=_int_field(raw, "mtu", 68, 65535), rdma=rdma,
+        mtu=_int_field(raw, "mtu", 68, 65535), rdma=rdma, rail_within=rail_within, rail_action=rail_action,
     )
+
+
+RAIL_LEVELS = ("PIX", "PXB", "PHB", "NODE")
+
+
+def _rail_alignment(raw: Any) -> tuple[str | None, str]:
+    if raw is None:
+        return None, "warn"
+    if not isinstance(raw, dict):
+        raise invalid_config("railAlignment", raw,
+                             'must be an object such as {"within": "PIX", "action": "warn"}')
+    unknown = sorted(set(raw) - {"within", "action"})
+    if unknown:
+        raise invalid_config(f"railAlignment.{unknown[0]}", raw[unknown[0]],
+                             "unknown field (known: within, action)")
+    within = raw.get("within", "PIX")
+    if within not in RAIL_LEVELS:
+        raise invalid_config("railAlignment.within", within, f"must be one of {', '.join(RAIL_LEVELS)}")
+    action = raw.get("action", "warn")
+    if action not in ("warn", "refuse"):
+        raise invalid_config("railAlignment.action", action, 'must be "warn" or "refuse"')
+    return str(within), str(action)
 
 
 def settle(conf: NetConf, env: CniEnv, node: NodeConfig, log: Any) -> TenantnetConf:

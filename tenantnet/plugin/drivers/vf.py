@@ -22,8 +22,10 @@ from typing import Any, ClassVar
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
-from tenantnet.plugin import faults
+from tenantnet.plugin import faults, rails
+from tenantnet.plugin.drivers import railfit
 from tenantnet.plugin.drivers.base import Attached, Driver, owner_mark
+from tenantnet.plugin.drivers.railfit import RailFit
 from tenantnet.plugin.records import AttachmentRecord, CorruptRecord, Plan, RecordStore
 from tenantnet.plugin.system import netlink, rdmacontrol, vfcontrol
 from tenantnet.plugin.system.netns import netns_exists
@@ -93,6 +95,9 @@ class VfPlan(Plan):
     # Whether ADD moves the RDMA device into the pod (decided in `plan`: the subsystem is in
     # exclusive netns mode and the network's `rdma` is not off).
     rdma_isolated: bool = False
+    # Rail alignment: the pod's GPU this VF is paired with, and their PCIe distance (PIX…SYS).
+    gpu: str | None = None
+    gpu_distance: str | None = None
     original: VfOriginal | None = None
 
     _decoders = {"original": VfOriginal.from_dict}
@@ -179,6 +184,19 @@ class VfDriver(Driver):
                 held[rec.plan.device_id] = rec
         return held
 
+    def _paired(self, records: RecordStore | None, env: CniEnv) -> list[rails.Pairing]:
+        """What the pod's other rails on this node got: its other VF records (same container id)."""
+        out: list[rails.Pairing] = []
+        for rec in records.list() if records is not None else []:
+            if isinstance(rec, CorruptRecord) or rec.container_id != env.container_id \
+                    or rec.ifname == env.ifname:
+                continue
+            plan = rec.plan
+            if isinstance(plan, VfPlan) and plan.device_id:
+                distance = rails.parse_distance(plan.gpu_distance) if plan.gpu_distance else None
+                out.append(rails.Pairing(rec.ifname, plan.pf_address, plan.device_id, plan.gpu, distance))
+        return out
+
     def _vf(self, address: str, field: str = "deviceID") -> VirtualFunction:
         try:
             return self.sysfs.vf(address)
@@ -197,7 +215,8 @@ class VfDriver(Driver):
                            f"{vf.pf_netdev or vf.pf_address}, and network {conf.name} is declared by the "
                            f"admin on PFs {', '.join(allowed)}")
 
-    def _choose(self, conf: TenantnetConf, env: CniEnv, records: RecordStore | None) -> VirtualFunction:
+    def _choose(self, conf: TenantnetConf, env: CniEnv, records: RecordStore | None
+                ) -> tuple[VirtualFunction, RailFit | None]:
         assert conf.vf is not None
         held = self._holders(records)
         if conf.vf.device_id:
@@ -212,7 +231,10 @@ class VfDriver(Driver):
                     f"{holder.pod.namespace}/{holder.pod.name} (container {holder.container_id[:12]}, "
                     f"{holder.ifname}, network {holder.network})",
                 )
-            return vf
+            if conf.vf.rail_within is None:
+                return vf, None
+            checked = railfit.decide(self.node, conf, env, [vf], self._paired(records, env), pool=False)
+            return checked if checked is not None else (vf, None)
         candidates = []
         for pf in conf.vf.pfs:
             try:
@@ -222,12 +244,18 @@ class VfDriver(Driver):
                 field = "pf" if conf.base.raw.get("pf") == pf else "pfs"
                 raise CniError(Code.INVALID_CONFIG,
                                f"invalid network config: {field}={pf!r}: {exc}") from None
+        free = []
         for vf in candidates:
             if vf.address in held or vf.userspace or not vf.netdev:
                 continue
             if netlink.host_link(vf.netdev) is None:
                 continue  # its netdev is in use elsewhere (another pod, another plugin)
-            return vf
+            if conf.vf.rail_within is None:
+                return vf, None
+            free.append(vf)  # rail alignment weighs every free VF
+        chosen = railfit.decide(self.node, conf, env, free, self._paired(records, env)) if free else None
+        if chosen is not None:
+            return chosen
         raise CniError(
             Code.TRY_AGAIN_LATER,
             f"no free VF on {', '.join(conf.vf.pfs)}: all {len(candidates)} VFs are attached, bound "
@@ -240,7 +268,7 @@ class VfDriver(Driver):
 
     # ---- Driver interface -----------------------------------------------------------
     def plan(self, conf: TenantnetConf, env: CniEnv, records: RecordStore | None = None) -> VfPlan:
-        vf = self._choose(conf, env, records)
+        vf, fit = self._choose(conf, env, records)
         if not vf.pf_netdev:
             raise CniError(Code.INVALID_CONFIG,
                            f"invalid network config: deviceID={vf.address!r}: its PF {vf.pf_address} "
@@ -262,6 +290,7 @@ class VfDriver(Driver):
                               vf_index=vf.index, driver=vf.driver, dpdk=vf.userspace,
                               numa_node=vf.numa_node, rdma=vf.rdma_device,
                               rdma_isolated=self._rdma_isolated(conf, vf),
+                              gpu=fit.gpu if fit else None, gpu_distance=fit.distance if fit else None,
                               original=VfOriginal(original_vf, netdev))
 
     def plan_without_record(self, conf: TenantnetConf, env: CniEnv,
@@ -317,6 +346,10 @@ class VfDriver(Driver):
         info = {"pci-address": plan.device_id, "pf-pci-address": plan.pf_address}
         if plan.rdma:
             info["rdma-device"] = plan.rdma
+        if plan.gpu:
+            # Not NPWG device-info fields: tenantnet's rail pairing (docs/rails.md).
+            info["gpu-pci-address"] = plan.gpu
+            info["gpu-distance"] = plan.gpu_distance or ""
         if plan.dpdk:
             return Attached(host=None, pod_ifname=record.ifname, pci_id=plan.device_id, has_netdev=False,
                             device_info=info)
