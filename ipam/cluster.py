@@ -150,6 +150,9 @@ _restricted: dict[tuple[str, tuple[IPNetwork, ...], tuple[RangeSet, ...]], tuple
 # Claiming ahead (`Ledger.prefetch_if_low`): the share of the highest block left when the
 # next block is claimed, and where that claim runs (set by the agent; None: not at all).
 LOW_WATER = 0.25
+# Seconds after etcd failed to hear of a block's return before a DEL tells it again (a GC
+# always tries: it is not on a pod's path, and it is how the pool converges after an outage).
+RETRY_RETURNS_AFTER = 30.0
 _background: Callable[[Callable[[], None]], object] | None = None
 _prefetching: set[tuple[str, int]] = set()
 _prefetching_lock = threading.Lock()
@@ -295,6 +298,7 @@ class Ledger:
         crash between a claim and the file) are returned too."""
         now = time.time()
         returned: list[IPNetwork] = []
+        waited_from = time.monotonic()
         with self._locked():
             pending = self._returning()
             with store.transaction() as txn:
@@ -316,24 +320,32 @@ class Ledger:
             todo = list(dict.fromkeys([*pending, *returned]))
             if not todo and not sweep:
                 return []
+            if _unreachable_at.get(self.path, 0.0) > waited_from or (
+                    not sweep and pending and time.time() - self._returning_since() < RETRY_RETURNS_AFTER):
+                # A claim or return of this network found etcd unreachable while this call
+                # waited for the lock, or a return etcd did not hear of is recent: tell etcd
+                # later rather than wait for it once more — DELs queued behind each other, or
+                # one after another during an outage, must not each spend an etcdTimeout.
+                if todo != pending:
+                    self._set_returning(todo, keep_since=True)
+                return returned
             etcd = client(self.node.etcd)
-            if sweep:
-                try:
+            told = 0
+            try:
+                if sweep:
                     todo += [b for b, owner in self._taken(etcd).items()
                              if owner == self.node.name and b not in blocks and b not in todo
                              and not any(a.version == b.version and a in b for a in held)]
-                except EtcdUnavailable:
-                    self._set_returning(todo)
-                    raise
-            for i, block in enumerate(todo):
-                key = self.key_prefix + _block_name(block)
-                try:
+                for block in todo:
+                    key = self.key_prefix + _block_name(block)
                     kv = etcd.get(key)
                     if kv is not None and owner_of(kv.value) == self.node.name:
                         etcd.delete_if(key, kv.value)
-                except EtcdUnavailable:
-                    self._set_returning(todo[i:])
-                    raise
+                    told += 1
+            except EtcdUnavailable:
+                _unreachable_at[self.path] = time.monotonic()
+                self._set_returning(todo[told:])
+                raise
             if pending:
                 self._set_returning([])
         return returned
@@ -350,14 +362,24 @@ class Ledger:
         except (FileNotFoundError, ValueError):
             return []
 
-    def _set_returning(self, blocks: list[IPNetwork]) -> None:
+    def _returning_since(self) -> float:
+        """When etcd last failed to hear of a return (the `.returning` file's mtime; 0: never)."""
+        try:
+            return os.stat(self._returning_path).st_mtime
+        except FileNotFoundError:
+            return 0.0
+
+    def _set_returning(self, blocks: list[IPNetwork], keep_since: bool = False) -> None:
         if not blocks:
             if os.path.exists(self._returning_path):
                 os.unlink(self._returning_path)
             return
+        since = self._returning_since() if keep_since else 0.0
         tmp = f"{self._returning_path}.tmp.{os.getpid()}.{threading.get_ident()}"
         with open(tmp, "w", encoding="utf-8") as fh:
             fh.write("".join(f"{_block_name(b)}\n" for b in blocks))
+        if since:
+            os.utime(tmp, (since, since))
         os.replace(tmp, self._returning_path)
 
     def _value(self) -> bytes:

@@ -57,9 +57,10 @@ runs the same plan (phases, kills, etcd restarts, op mix), not the identical int
 Every call and chaos event goes to `<tmp_path>/journal.jsonl`, every violation to
 `<tmp_path>/violations.txt`, each worker's stderr to `<tmp_path>/node-N.worker.log`.
 
-Also here: deterministic tests for what the schedule found. `test_product_bug_*` show product
-bugs and FAIL until ipam/ is fixed (reported, not fixed here: others are editing ipam/); the
-two others were product bugs when found and are fixed since (ea6fed0) — they keep them fixed.
+Also here: deterministic tests for what the schedule found, each a product bug when found
+(docstrings say where and why): five fixed since (ea6fed0, 6b1869a) — those tests keep them
+fixed — and one (`test_dels_without_etcd_do_not_queue_behind_each_other`) open in 6b1869a,
+which FAILS there; an uncommitted change to ipam/cluster.py makes it pass.
 """
 
 from __future__ import annotations
@@ -334,6 +335,8 @@ class Worker:
         return self.proc is not None and self.proc.poll() is None
 
     def start(self) -> None:
+        if self.up:
+            return  # one agent per node
         self.gen += 1
         ready = threading.Event()
         with open(self.log, "ab") as log:
@@ -518,12 +521,18 @@ class ChaosRun:
         who = f"{self.workers[op.node].name} {op.kind.upper()} {op.cid}"
         if op.kind != "sync" and t1 - t0 > 2 * ETCD_TIMEOUT + SLACK:
             self.violation(f"{who} took {t1 - t0:.1f} s (a hang: no call may take over 2 × etcdTimeout)")
+        if op.kind in ("del", "gc") and self._in_noquorum(t0) and t1 - t0 > ETCD_TIMEOUT + SLACK:
+            self.violation(f"{who} started while etcd had no quorum and took {t1 - t0:.1f} s: a {op.kind.upper()} "
+                           f"is local, it may wait for etcd once (etcdTimeout {ETCD_TIMEOUT:g} s) + {SLACK:g} s, "
+                           "not more [see test_dels_without_etcd_do_not_queue_behind_each_other]")
         if op.kind == "add":
             att = self.atts[op.cid]
             if self._in_noquorum(t0) and t1 - t0 > ETCD_TIMEOUT + SLACK:
                 self.violation(f"{who} started while etcd had no quorum and took {t1 - t0:.1f} s: it must fail "
                                f"(11) or succeed within etcdTimeout ({ETCD_TIMEOUT:g} s) + {SLACK:g} s "
-                               "[see test_concurrent_adds_needing_a_block_fail_promptly_without_etcd]")
+                               "[see test_concurrent_adds_needing_a_block_fail_promptly_without_etcd; a claim also "
+                               "waits for DELs holding the ledger lock: test_dels_without_etcd_do_not_queue_behind_"
+                               "each_other]")
             if a["ok"]:
                 att.state, att.ip = "live", a["ip"]
                 ip = ipaddress.ip_address(a["ip"])
@@ -581,7 +590,7 @@ class ChaosRun:
                 hint = " ["
                 if "while this one waited" in msg:
                     hint += "it gave up because a concurrent claim of the node failed; "
-                hint += "see test_product_bug_losing_the_etcd_leader_fails_claims]"
+                hint += "see test_losing_the_etcd_leader_fails_no_claim]"
                 self.violation(f"{who}: code 11 while etcd had quorum (invariant 5): {a['msg'][:300]}{hint}")
             elif a.get("room") and not a.get("bg") and not self._overlapping(t0, t1, ("del", "gc"), op.node):
                 self.violation(f"{who}: code 11 though the node's blocks had room: {a['msg'][:200]}")
@@ -703,7 +712,7 @@ class ChaosRun:
                 listed.setdefault(b, []).append(n)
                 if owners.get(b) != n:
                     self.violation(f"{n}'s blocks file lists {b}, which etcd gives to {owners.get(b)!r} "
-                                   "(invariants 2, 3) [see test_product_bug_a_block_being_returned_is_adopted]")
+                                   "(invariants 2, 3) [see test_a_block_being_returned_is_never_adopted_back]")
         for b, ns in listed.items():
             if len(ns) > 1:
                 self.violation(f"block {b} is in the blocks files of {ns} (invariant 3)")
@@ -748,7 +757,7 @@ class ChaosRun:
             if owners:
                 self.violation(f"blocks left in etcd at the end (invariant 6): {sorted(map(str, owners.items()))}"
                                + (f"; orphans (in etcd, not in the owner's file): {orphans} "
-                                  "[see test_product_bug_an_orphaned_block_is_never_returned]" if orphans else ""))
+                                  "[see test_an_orphaned_block_goes_back_to_the_pool]" if orphans else ""))
 
     def settle(self) -> None:
         """The end of a phase: workers and etcd members back, every call answered, no
@@ -840,22 +849,22 @@ class ChaosRun:
         block fail with 11 within etcdTimeout; DELs succeed; then both members come back."""
         from ipam import plugin
 
-        room: dict[int, int] = {}
-        before = {w.index: self.blocks_file(w) for w in self.workers}
-        for w in self.workers:  # free addresses in each node's blocks, from the ground truth
+        free_in: dict[int, dict[ipaddress.IPv4Network, int]] = {}  # node -> block -> free addresses
+        for w in self.workers:  # from the ground truth
             store = plugin.open_store(str(w.data_dir), create=False)
             held = {str(a.address) for a in store.allocations(self.network)} if store else set()
-            free = sum(1 for b in self.blocks_file(w) for ip in b
-                       if ip not in (SUBNET.network_address, SUBNET.network_address + 1, SUBNET.broadcast_address)
-                       and str(ip) not in held)
-            room[w.index] = free
+            free_in[w.index] = {
+                b: sum(1 for ip in b if ip not in (SUBNET.network_address, SUBNET.network_address + 1,
+                                                    SUBNET.broadcast_address) and str(ip) not in held)
+                for b in self.blocks_file(w)}
+        room = {node: sum(blocks.values()) for node, blocks in free_in.items()}
         window = [0.0, 0.0]
         self.stop_member(p.members[0])
         window[0] = time.monotonic()
         self.noquorum.append(window)
         self.stop_member(p.members[1])
         self.down = {p.members[0]: -1, p.members[1]: -1}
-        # Each node: its room, plus up to 2 that need a block (bounded, for the time budget).
+        # Each node: its room, plus 1-2 ADDs that need a block; some DELs in between.
         plan: list[int] = []
         for node, free in room.items():
             plan += [node] * (min(free, 40) + self.rng.randint(1, 2))
@@ -863,33 +872,51 @@ class ChaosRun:
         dels = [a for a in self.atts.values() if a.state == "live"]
         sent: list[Op] = []
         for node in plan:
+            if time.monotonic() - window[0] > ETCD_TIMEOUT:
+                break  # the time budget: what is sent by now is enough
             self.throttle(node)
             sent.append(self.add(node))
             if dels and self.rng.random() < 0.2:
                 sent.append(self.delete(dels.pop(self.rng.randrange(len(dels)))))
             self.pump(0)
-        deadline = time.monotonic() + ETCD_TIMEOUT + SLACK + 1
+        for node in room:  # and a burst of DELs on every node (runtimes tear pods down in bursts):
+            theirs = [a for a in self.atts.values() if a.node == node and a.state == "live"]
+            by_block: dict[str, list[Att]] = {}
+            for a in theirs:  # all of the block with the fewest (so that it empties), and two more
+                by_block.setdefault(str(ipaddress.ip_network(f"{a.ip}/{BLOCK}", strict=False)), []).append(a)
+            burst = min(by_block.values(), key=len)[:10] if by_block else []
+            rest = [a for a in theirs if a not in burst]
+            for att in burst + self.rng.sample(rest, min(len(rest), 2)):
+                sent.append(self.delete(att))
+        deadline = time.monotonic() + ETCD_TIMEOUT + 1.5
         while any(w.outstanding for w in self.workers) and time.monotonic() < deadline:
             self.pump(0.05)
         back = time.monotonic()
+        after = {w.index: self.blocks_file(w) for w in self.workers}  # (no claim can have grown them)
         self.start_members()  # ends the window (when every member answers again)
         # Without quorum no block can be claimed: a node's ADDs succeed as far as the room in
-        # its blocks (and what its DELs freed) goes, and no further; those with room succeed.
+        # its blocks (and what its DELs freed) goes, and no further; within the room its blocks
+        # still had, all succeed. (A block a DEL returned meanwhile is out of use until etcd
+        # has heard of it — the price of not knowing whether etcd freed it: counted, not a
+        # violation.)
         for node, free in room.items():
+            w = self.workers[node]
             mine = [op for op in sent if op.node == node and op.answer is not None and op.answer["t1"] < back]
             ok = sum(1 for op in mine if op.kind == "add" and op.answer and op.answer["ok"])
-            freed = sum(1 for op in mine if op.kind == "del" and op.answer and op.answer["ok"])
+            # A DEL frees its address first and answers after telling etcd of a returned block
+            # (which takes etcdTimeout now): every DEL begun counts.
+            freed = sum(1 for op in sent if op.node == node and op.kind == "del" and op.started is not None
+                        and op.started < back)
             adds = sum(1 for op in mine if op.kind == "add")
+            kept = sum(n for b, n in free_in[node].items() if b in after[node])
             if ok > free + freed:
-                self.violation(f"{self.workers[node].name}: {ok} ADDs succeeded without quorum, with room for "
-                               f"{free} (+{freed} freed by DELs): a block was claimed without quorum?")
-            if ok < min(adds, free):
-                w = self.workers[node]
-                gone = sorted(map(str, before[node] - self.blocks_file(w)))
+                self.violation(f"{w.name}: {ok} ADDs succeeded without quorum, with room for {free} (+{freed} "
+                               "freed by DELs): a block was claimed without quorum?")
+            if ok < min(adds, kept):
                 self.violation(f"{w.name}: only {ok} of {adds} ADDs succeeded without quorum although its blocks "
-                               f"had room for {free} when quorum was lost"
-                               + (f"; its DELs returned blocks {gone} meanwhile, which etcd could not be told of "
-                                  "[see test_product_bug_an_orphaned_block_is_never_returned]" if gone else ""))
+                               f"had room for {kept} (invariant 5: ADDs go on from the blocks in hand)")
+            lost = len(set(free_in[node]) - after[node])
+            self.stats["blocks returned without quorum"] = self.stats.get("blocks returned without quorum", 0) + lost
             self.stats["ADDs without quorum: ok"] = self.stats.get("ADDs without quorum: ok", 0) + ok
             self.stats["ADDs without quorum: 11"] = self.stats.get("ADDs without quorum: 11", 0) + sum(
                 1 for op in mine if op.kind == "add" and op.answer and op.answer.get("code") == 11)
@@ -1002,8 +1029,8 @@ def test_random_schedule_keeps_the_invariants(seed: int, members: Any, tmp_path:
                     f"{Path(__file__).relative_to(REPO)}\n{run.summary()}\n{shown}", pytrace=False)
 
 
-# ---- the product bugs the schedule found: deterministic, each FAILS until fixed ----------
-# (PRODUCT BUG — shown here, not fixed: ipam/ is being edited by others. See the report.)
+# ---- what the schedule found, deterministically -------------------------------------------
+# Each was a product bug when found; the docstrings say where, why, and since when it is fixed.
 
 
 def _conf(tmp: Path, node: str, **cluster: Any) -> Any:
@@ -1029,20 +1056,23 @@ def _blocks(endpoints: tuple[str, ...], prefix: str) -> dict[str, str]:
     return {kv.key.rsplit("/", 1)[1]: owner_of(kv.value) for kv in kvs}
 
 
-def test_product_bug_a_block_being_returned_is_adopted(members: Any, tmp_path: Path,
+def test_a_block_being_returned_is_never_adopted_back(members: Any, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
-    """Was a product bug, fixed (ipam/cluster.py, Ledger.return_empty vs Ledger.claim): return_empty drops
-    an empty block from the blocks file under the ledger lock, but deletes its etcd key only
-    after releasing the lock. A claim on the same node in between (an ADD of another thread
-    that finds no room, or the ahead-of-need claim) lists etcd, sees the block still owned by
-    this node and missing from the file, and adopts it; then return_empty deletes the key. The
-    node allocates in a block etcd says is free, another node claims it: the same address on
-    two nodes. Here the window is held open by pausing return_empty's etcd.get; in the chaos
-    schedule it opens by itself (releaseAfter 0, concurrent DEL and ADD)."""
+    """Found by the schedule (seeds 6, 8, 11, 12, 13, 16: the same addresses on two nodes), a
+    product bug until 6b1869a (ipam/cluster.py, Ledger.return_empty vs Ledger.claim):
+    return_empty dropped an empty block from the blocks file under the ledger lock, but
+    deleted its etcd key only after releasing the lock. A claim on the same node in between
+    (an ADD of another thread finding no room, or the ahead-of-need claim) listed etcd, saw
+    the block still owned by this node and missing from the file, and adopted it; then
+    return_empty deleted the key. The node allocated in a block etcd called free, another node
+    claimed it: the same address on two nodes. Here the window is held open by pausing
+    return_empty's etcd.get (an ADD on node-a runs meanwhile, or waits for the lock as it must
+    now); in the schedule it opened by itself (releaseAfter 0, concurrent DEL and ADD)."""
     from ipam import cluster, plugin
     from ipam.cluster import ClusterNode
     from ipam.config import ClusterSettings, Confinement
     from ipam.etcd import EtcdConfig
+    from tests.polling import poll
 
     prefix = f"/tn-bug1-{os.getpid()}/"
     limits = Confinement((str(tmp_path),), ())
@@ -1072,61 +1102,76 @@ def test_product_bug_a_block_being_returned_is_adopted(members: Any, tmp_path: P
         deleter.append(threading.get_ident())
         plugin.delete(_env("a0", "DEL"), _conf(tmp_path, "node-a", releaseAfter=0), limits, a)
 
+    got_a: list[str] = []
+
+    def adds() -> None:  # node-a's ADDs while the block is being returned
+        for i in (1, 2):
+            got_a.append(str(plugin.add(_env(f"a{i}"), _conf(tmp_path, "node-a"), limits, a).ips[0].address.ip))
+
     t = threading.Thread(target=delete)
     t.start()
+    adder = threading.Thread(target=adds)
     try:
         assert paused.wait(10), "return_empty never asked etcd about the block"
-        # The block has left node-a's file, etcd still says node-a: an ADD on node-a now.
-        got_a = [str(plugin.add(_env(f"a{i}"), _conf(tmp_path, "node-a"), limits, a).ips[0].address.ip)
-                 for i in (1, 2)]
+        # The block has left node-a's file, etcd still says node-a's: node-a's ADDs now.
+        adder.start()
+        poll(lambda: len(got_a) == 2, timeout=0.5)  # done now (the bug), or waiting for the lock
     finally:
         gate.set()
         t.join(10)
+        if adder.ident is not None:
+            adder.join(10)
+    assert len(got_a) == 2
     got_b = [str(plugin.add(_env(f"b{i}"), _conf(tmp_path, "node-b"), limits, b).ips[0].address.ip)
              for i in (1, 2, 3)]
     owned_by_a = cluster.Ledger(a, "rail-bug", str(tmp_path / "node-a"), ClusterSettings(28)).owned()
     assert not set(got_a) & set(got_b), (
-        f"PRODUCT BUG: the same addresses on two nodes: node-a {got_a}, node-b {got_b}; node-a's blocks file "
+        f"the same addresses on two nodes: node-a {got_a}, node-b {got_b}; node-a's blocks file "
         f"{[str(x) for x in owned_by_a]}, etcd {_blocks(members.endpoints, prefix)}")
 
 
-def test_product_bug_an_orphaned_block_is_never_returned(members: Any, tmp_path: Path) -> None:
-    """Was a product bug, fixed (ipam/cluster.py, Ledger.return_empty): a block etcd says is this node's but
-    its blocks file lacks (a DEL returned it while etcd was unreachable; or a crash between the
-    claim and the file write) is only ever repaired by a later *claim*, which adopts it. DEL and
-    GC look only at the file (`if not blocks: return []`), so once the node needs no new block,
-    the orphan stays in etcd forever: after every DEL and a GC with nothing kept, the pool has
-    lost a block (issue 14: "after recovery everything converges with no … leak")."""
+def test_an_orphaned_block_goes_back_to_the_pool(members: Any, tmp_path: Path) -> None:
+    """Found by the schedule (seed 12: blocks left in etcd at the end; seed 8: a node's ADDs
+    failing without quorum though its blocks had had room), a product bug until 6b1869a
+    (ipam/cluster.py, Ledger.return_empty): a block etcd says is this node's but its blocks
+    file lacks (a DEL returned it while etcd was unreachable, or a crash between a claim and
+    the file write) was only repaired by a later *claim*, which adopts it; DEL and GC looked
+    only at the file (`if not blocks: return []`), so once the node needed no new block the
+    orphan stayed in etcd for good: after every DEL and a GC keeping nothing, the pool had lost
+    a block (issue 14: "after recovery everything converges with no … leak"). Both origins here:
+    a return etcd did not hear of (kept in `<network>.returning` now, told on the next DEL/GC),
+    and a claim the file lost (GC's sweep returns it now)."""
     from ipam import plugin
     from ipam.cluster import ClusterNode
     from ipam.config import Confinement
     from ipam.etcd import EtcdConfig
-    from tests.polling import poll
 
     prefix = f"/tn-bug2-{os.getpid()}/"
     limits = Confinement((str(tmp_path),), ())
-    m = members.members[2]
-    a = ClusterNode("node-a", EtcdConfig((m.endpoint,), timeout=2.0), prefix)  # reaches etcd through m2 only
-    plugin.add(_env("a0"), _conf(tmp_path, "node-a", releaseAfter=0), limits, a)
-    assert _blocks(members.endpoints, prefix) == {"10.97.0.0_28": "node-a"}
-    m.stop()  # node-a cannot reach etcd (the cluster keeps quorum)
-    try:
-        plugin.delete(_env("a0", "DEL"), _conf(tmp_path, "node-a", releaseAfter=0), limits, a)  # succeeds locally
-    finally:
-        m.start(wait=False)
-        assert poll(m._healthy, timeout=20)
-    # etcd reachable again; a new client (its own connections and state, so that nothing of
-    # the outage but the orphan plays a part): the DELs and GCs that should converge.
-    a = ClusterNode("node-a", EtcdConfig((m.endpoint,), timeout=2.5), prefix)
-    for _ in range(2):
-        plugin.delete(_env("zz", "DEL"), _conf(tmp_path, "node-a", releaseAfter=0), limits, a)
-        plugin.gc(_conf(tmp_path, "node-a", releaseAfter=0), set(), limits, a)
-    store = plugin.open_store(str(tmp_path / "node-a"), create=False)
-    assert store is not None and store.allocations("rail-bug") == []
-    assert (tmp_path / "node-a" / "cluster" / "rail-bug.blocks").read_text() == ""
+    a = ClusterNode("node-a", EtcdConfig(members.endpoints), prefix)
+    plugin.add(_env("a0"), _conf(tmp_path, "node-a", releaseAfter=0), limits, a)  # claims 10.97.0.0/28
+    # 1. The DEL that empties the block cannot reach etcd (a black hole: accepts, never answers).
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        dark = ClusterNode("node-a", EtcdConfig((f"http://127.0.0.1:{hole.getsockname()[1]}",), timeout=0.3),
+                           prefix)
+        plugin.delete(_env("a0", "DEL"), _conf(tmp_path, "node-a", releaseAfter=0), limits, dark)  # local: fine
+    # 2. node-b claims a block, and "crashes" between etcd's commit and its blocks file.
+    b = ClusterNode("node-b", EtcdConfig(members.endpoints), prefix)
+    plugin.add(_env("b0"), _conf(tmp_path, "node-b", releaseAfter=0), limits, b)  # claims 10.97.0.16/28
+    (tmp_path / "node-b" / "cluster" / "rail-bug.blocks").unlink()
+    assert _blocks(members.endpoints, prefix) == {"10.97.0.0_28": "node-a", "10.97.0.16_28": "node-b"}
+    # etcd reachable again: the DELs and GCs that must converge (nothing kept, nothing held).
+    for who in (a, b):
+        plugin.delete(_env("zz", "DEL"), _conf(tmp_path, who.name, releaseAfter=0), limits, who)
+        plugin.gc(_conf(tmp_path, who.name, releaseAfter=0), set(), limits, who)
+    for who in (a, b):
+        store = plugin.open_store(str(tmp_path / who.name), create=False)
+        assert store is not None and store.allocations("rail-bug") == []
     assert _blocks(members.endpoints, prefix) == {}, (
-        f"PRODUCT BUG: node-a holds nothing and its blocks file is empty, but etcd still gives it "
-        f"{_blocks(members.endpoints, prefix)}: a block lost to the pool until `ipam release-node`")
+        f"the nodes hold nothing, yet etcd still gives them {_blocks(members.endpoints, prefix)}: blocks lost "
+        "to the pool until `ipam release-node`")
 
 
 def test_concurrent_adds_needing_a_block_fail_promptly_without_etcd(tmp_path: Path) -> None:
@@ -1202,19 +1247,16 @@ def test_an_etcd_restart_does_not_fail_the_next_claim(members: Any, tmp_path: Pa
                     pytrace=False)
 
 
-def test_product_bug_losing_the_etcd_leader_fails_claims(members: Any) -> None:
-    """Was a product bug, fixed (ipam/etcd.py, Etcd.call): "losing one member of three fails no call" (the
-    reason etcdTimeout defaults to 5 s) does not hold when the member lost is the leader. A
-    transaction (a block claim: `create`/`create_guarded`) that a follower is proposing when
-    the leader dies gets no answer from etcd 3.4 before its request timeout (≈ 7 s: 5 s + 2
-    elections), and `call` gives each attempt all the time left (`_connection(endpoint,
-    left)`), so the one deadline for all endpoints is spent on that one: EtcdUnavailable →
-    code 11 although two members (a quorum) answer. (The rounds over the endpoints of ea6fed0
-    help against "no leader" answers, not against a request that gets none.) Every claim of
-    the node waiting for the ledger lock then gives up too (`_locked_claim`): in the schedule
-    (seeds 3, 5, 7 at various commits) one member kill failed 4-20 ADDs. A per-attempt
-    time-out well below the deadline, then the next endpoint (a create-if-absent is safe to
-    repeat), would keep the promise."""
+def test_losing_the_etcd_leader_fails_no_claim(members: Any) -> None:
+    """Found by the schedule (seeds 3, 5, 7, 9: code 11 with one member down), a product bug
+    until 6b1869a (ipam/etcd.py, Etcd.call): "losing one member of three fails no call" (the
+    reason etcdTimeout defaults to 5 s) did not hold when the member lost was the leader. A
+    transaction (a block claim) that a follower is proposing when the leader dies gets no
+    answer from etcd 3.4 before its request timeout (≈ 7 s), and `call` gave each attempt all
+    the time left, so the one deadline for all endpoints was spent on that one: code 11 although
+    two members (a quorum) answered, and every claim of the node waiting for the ledger lock
+    gave up too (`_locked_claim`): 4-20 failed ADDs per member kill in the schedule. Fixed by
+    giving one attempt a third of the deadline, then the next endpoint."""
     import urllib.request
 
     from ipam.etcd import Etcd, EtcdConfig, EtcdError, EtcdUnavailable
@@ -1261,8 +1303,55 @@ def test_product_bug_losing_the_etcd_leader_fails_claims(members: Any) -> None:
             t.join(10)
         leader.start(wait=False)
         assert poll(leader._healthy, timeout=20), "the old leader did not come back"
-    assert not failures, (f"PRODUCT BUG: with 2 of 3 etcd members up, {len(failures)} claim(s) failed: "
+    assert not failures, (f"with 2 of 3 etcd members up, {len(failures)} claim(s) failed: "
                           f"{failures}")
+
+
+def test_dels_without_etcd_do_not_queue_behind_each_other(members: Any, tmp_path: Path) -> None:
+    """PRODUCT BUG in 6b1869a (found by the schedule, seed 8: ADDs of 10-13 s without quorum),
+    ipam/cluster.py, Ledger.return_empty: a return etcd could not be told of is kept in
+    `<network>.returning` and told again by every later DEL — while the ledger's lock is held.
+    So while etcd accepts connections but does not answer (no quorum, a partition), each DEL of
+    the network on the node spent etcdTimeout under the lock and concurrent DELs queued: the
+    k-th answered after k × etcdTimeout ("DEL always succeeds locally", "never a hang"; kubelet
+    gives up on a sandbox stop after 2 min: ~24 DELs at 5 s), and a claim waiting behind them
+    (`_locked_claim` gave up only when another *claim* failed) made an ADD needing a block
+    wait as long. An uncommitted change in ipam/cluster.py (RETRY_RETURNS_AFTER, DELs do not
+    retry a recent failed return) makes this pass. Here: 4 DELs at once, etcdTimeout 0.3 s, a
+    return already pending; each must answer within etcdTimeout + 0.5 s."""
+    from ipam import plugin
+    from ipam.cluster import ClusterNode
+    from ipam.config import Confinement
+    from ipam.etcd import EtcdConfig
+
+    prefix = f"/tn-bug6-{os.getpid()}/"
+    limits = Confinement((str(tmp_path),), ())
+    online = ClusterNode("node-a", EtcdConfig(members.endpoints), prefix)
+    for i in range(18):  # 10.97.0.0/28 full (14), 4 in 10.97.0.16/28
+        plugin.add(_env(f"d{i}"), _conf(tmp_path, "node-a"), limits, online)
+    with socket.socket() as hole:  # from now on etcd accepts connections and never answers
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)
+        dark = ClusterNode("node-a", EtcdConfig((f"http://127.0.0.1:{hole.getsockname()[1]}",), timeout=0.3),
+                           prefix)
+        for i in range(14, 18):  # empties 10.97.0.16/28: its return cannot reach etcd, it is kept
+            plugin.delete(_env(f"d{i}", "DEL"), _conf(tmp_path, "node-a", releaseAfter=0), limits, dark)
+        took: list[float] = []
+
+        def delete(i: int) -> None:
+            started = time.monotonic()
+            plugin.delete(_env(f"d{i}", "DEL"), _conf(tmp_path, "node-a", releaseAfter=0), limits, dark)
+            took.append(round(time.monotonic() - started, 2))
+
+        threads = [threading.Thread(target=delete, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+    assert len(took) == 4
+    assert max(took) < 0.3 + 0.5, (
+        f"4 DELs at once without etcd answered after {sorted(took)} s (etcdTimeout 0.3 s): each "
+        "told etcd of the pending return while holding the ledger lock, one after the other")
 
 
 if __name__ == "__main__":
