@@ -4,6 +4,8 @@
 # thing keeping c from a is the VLAN tag — exactly what the ping matrix shows.
 # Act 2: three simulated nodes (`lab up --nodes 3`) share one NAD per tenant through
 # tenantnet-ipam's cluster mode on etcd; tenant A reaches across the underlay, B does not.
+# Act 3: GPU rails on a simulated 8-GPU / 8-NIC server: a misaligned VF refused, an 8-rail pod
+# paired 1:1 with its GPUs (PIX), the VFs' RDMA devices in the pod.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -124,5 +126,69 @@ cleanup2
 pods_left=$(ip netns list | grep -c '^tnpod_demo2_' || true)
 echo "  act 2: pod namespaces left: $pods_left; cluster lab directory left: $([ -e $CL ] && echo yes || echo no)"
 [ "$pods_left" -eq 0 ] && [ ! -e $CL ] || failures=$((failures+1))
+
+# ---- act 3: GPU rails ---------------------------------------------------------------------------
+# A simulation: an 8-GPU / 8-NIC server's PCIe tree in a fake sysfs (a PCIe switch per GPU
+# with one ConnectX NIC beside it), the NICs' VFs as veths, simulated RDMA devices and a
+# simulated kubelet answering the pod-resources API.
+GL=/run/tenantnet-lab-gpu
+G="$GL/tenantnet.yaml"
+RAILS=$(mktemp -d)
+PFS=""
+cleanup3() {
+  set +e
+  bold "act 3: detaching the rails and taking the GPU server down"
+  for i in 0 1 2 3 4 5 6 7; do
+    $CTL --node-config "$G" detach --config "$RAILS/rail-$i.json" --pod demo3/trainer --ifname "net$((i + 1))" >/dev/null 2>&1
+  done
+  $CTL lab down --dir $GL >/dev/null
+  rm -rf "$RAILS"
+}
+trap cleanup3 EXIT
+bold "act 3: a simulated 8-GPU / 8-NIC server (two sockets, a PCIe switch per GPU+NIC) and its kubelet"
+$CTL lab up --gpus 8 --vfs 1 --dir $GL >/dev/null
+PFS=$($CTL --node-config "$G" rails --json | python3 -c 'import json,sys; print(json.dumps([n["nic"] for n in json.load(sys.stdin)["nics"]]))')
+for i in 0 1 2 3 4 5 6 7; do
+  cat > "$RAILS/rail-$i.json" <<JSON
+{"cniVersion": "1.0.0", "name": "rail-$i", "type": "tenantnet", "mode": "sriov", "pfs": $PFS, "vlan": $((300 + i)),
+ "railAlignment": {"within": "PIX", "action": "refuse"}, "rdma": "exclusive",
+ "ipam": {"type": "tenantnet-ipam", "dataDir": "$GL/ipam", "ranges": [[{"subnet": "10.7$i.0.0/24"}]]}}
+JSON
+done
+FAR=$($CTL --node-config "$G" rails --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["nics"][5]["freeVfs"][0])')
+cat > "$RAILS/misaligned.json" <<JSON
+{"cniVersion": "1.0.0", "name": "rail-x", "type": "tenantnet", "mode": "sriov", "deviceID": "$FAR",
+ "railAlignment": {"within": "PIX", "action": "refuse"}}
+JSON
+
+bold "act 3: a one-GPU pod handed a VF on the other socket by the device plugin: refused"
+$CTL lab gpus --dir $GL --pod demo3/small --count 1
+if out=$($CTL --node-config "$G" attach --config "$RAILS/misaligned.json" --pod demo3/small --ifname net1 2>/dev/null); then
+  echo "  [FAIL] the misaligned VF was attached"; failures=$((failures+1))
+else
+  if [ "$(printf '%s' "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["code"])')" = 107 ]; then
+    echo "  [ok  ] refused with code 107:"; printf '%s' "$out" | python3 -c 'import json,sys; print("         " + json.load(sys.stdin)["msg"])'
+  else echo "  [FAIL] refused, but not with code 107: $out"; failures=$((failures+1)); fi
+fi
+$CTL lab gpus --dir $GL --pod demo3/small --count 0 >/dev/null
+
+bold "act 3: an 8-GPU pod with 8 rails, each VF chosen by tenantnet from all 8 NICs"
+$CTL lab gpus --dir $GL --pod demo3/trainer --count 8
+for i in 0 1 2 3 4 5 6 7; do
+  $CTL --node-config "$G" attach --config "$RAILS/rail-$i.json" --pod demo3/trainer --ifname "net$((i + 1))" >/dev/null
+done
+$CTL --node-config "$G" rails
+pix=$($CTL --node-config "$G" rails --json | python3 -c 'import json,sys; d=json.load(sys.stdin); print(sum(p["distance"] == "PIX" for p in d["pairings"]), len({p["gpu"] for p in d["pairings"]}))')
+if [ "$pix" = "8 8" ]; then echo "  [ok  ] 8 rails, 8 distinct GPUs, each VF on the NIC beside its GPU (PIX)"; else
+  echo "  [FAIL] pairings: $pix (PIX count, distinct GPUs)"; failures=$((failures+1)); fi
+rdma=$($CTL --node-config "$G" ls --json | python3 -c 'import json,sys; print(sum(1 for r in json.load(sys.stdin) if r.get("rdmaInPod")))')
+if [ "$rdma" = "8" ]; then echo "  [ok  ] the 8 VFs' RDMA devices are in the pod's namespace (simulated RDMA)"; else
+  echo "  [FAIL] RDMA devices in the pod: $rdma of 8"; failures=$((failures+1)); fi
+
+trap - EXIT
+cleanup3
+pods_left=$(ip netns list | grep -c '^tnpod_demo3_' || true)
+echo "  act 3: pod namespaces left: $pods_left; GPU lab directory left: $([ -e $GL ] && echo yes || echo no)"
+[ "$pods_left" -eq 0 ] && [ ! -e $GL ] || failures=$((failures+1))
 
 if [ "$failures" -eq 0 ]; then bold "demo passed"; else bold "demo FAILED ($failures problems)"; exit 1; fi

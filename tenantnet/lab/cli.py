@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -44,7 +45,7 @@ def running_node_config() -> str | None:
 def register(subparsers: Any) -> argparse.ArgumentParser:
     """Add `lab up|down|status` to tenantnetctl's subcommands."""
     p_lab = subparsers.add_parser("lab", help="a private Open vSwitch lab on this machine")
-    lab_sub = p_lab.add_subparsers(dest="lab_command", required=True, metavar="up|down|status")
+    lab_sub = p_lab.add_subparsers(dest="lab_command", required=True, metavar="up|down|status|gpus")
     for name, text in (("up", "start the lab OVS and write its node config"),
                        ("down", "remove the lab and everything in it"),
                        ("status", "is the lab running (exit 3 if not)")):
@@ -73,7 +74,38 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         if name != "down":
             p.add_argument("--json", action="store_true", help="machine-readable output")
         p.set_defaults(func=cmd_lab)
+    p = lab_sub.add_parser("gpus", help="play the device plugin on the simulated GPU server "
+                                        "(lab up --gpus 8): give a pod GPUs, or take them back")
+    p.add_argument("--dir", default=lab.DEFAULT_ROOT, help=f"lab run directory (default {lab.DEFAULT_ROOT})")
+    p.add_argument("--pod", required=True, metavar="NAMESPACE/NAME", help="the pod")
+    p.add_argument("--count", type=int, default=0, metavar="N",
+                   help="give the pod N free GPUs (1-8); 0: take its GPUs back")
+    p.set_defaults(func=cmd_lab_gpus)
     return p_lab
+
+
+def cmd_lab_gpus(args: argparse.Namespace) -> int:
+    from tenantnet.lab import gpuserver
+
+    namespace, sep, name = args.pod.partition("/")
+    if not sep or not namespace or not name or not 0 <= args.count <= 8:
+        print("tenantnetctl lab gpus: --pod NAMESPACE/NAME and --count 0-8", file=sys.stderr)
+        return 2
+    if not os.path.exists(gpuserver.pods_file(args.dir)):
+        print(f"tenantnetctl lab gpus: no simulated GPU server in {args.dir} "
+              f"(lab up --gpus 8 --dir {args.dir})", file=sys.stderr)
+        return 1
+    if args.count == 0:
+        gpuserver.release_gpus(args.dir, namespace, name)
+        print(f"pod {args.pod} holds no GPU now")
+        return 0
+    try:
+        ids = gpuserver.assign_gpus(args.dir, namespace, name, args.count)
+    except ValueError as exc:
+        print(f"tenantnetctl lab gpus: {exc}", file=sys.stderr)
+        return 1
+    print(f"pod {args.pod} holds {', '.join(ids)} (simulated; the lab's kubelet reports them)")
+    return 0
 
 
 def cmd_lab(args: argparse.Namespace) -> int:
