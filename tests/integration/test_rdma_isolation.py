@@ -107,6 +107,9 @@ def test_shared_mode_warns_or_refuses(nic_lab: Any, vfp: Any, netns_factory: Any
     assert "shared netns mode" in refused.out["msg"] and "rdma: exclusive" in refused.out["msg"]
     assert "shared netns mode" in refused.out["msg"] and "rdma system set netns exclusive" in refused.out["details"]
     assert diff(before, snapshot(nic_lab)) == ""  # refused before anything was touched
+    status = vfp.call("STATUS", vfconf(nic_lab, vf["address"], rdma="exclusive", cniVersion="1.1.0"))
+    assert status.out is not None and status.out["code"] == 50 and "shared netns mode" in status.out["msg"]
+    assert vfp.call("STATUS", vfconf(nic_lab, vf["address"], cniVersion="1.1.0")).code == 0  # auto: fine
     conf = vfconf(nic_lab, vf["address"])  # rdma: auto
     inv = vfp.add(conf, ns, cid)
     assert inv.code == 0, inv.stdout

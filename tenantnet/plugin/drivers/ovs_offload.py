@@ -220,7 +220,8 @@ class OvsOffloadDriver(VfDriver):
 
     def status(self, raw: dict[str, Any]) -> None:
         """The network's OVSDB answers, and its PF meets the offload preconditions: 'refuse'
-        ones make STATUS code 50, the others are logged."""
+        ones make STATUS code 50, the others are logged; and RDMA isolation as in mode sriov."""
+        super().status(raw)
         try:
             endpoint = settings.ovsdb_endpoint(raw, self.node)
         except CniError as err:

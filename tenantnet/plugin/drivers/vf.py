@@ -391,6 +391,28 @@ class VfDriver(Driver):
         if done is None or STEP_VF in done:
             self._restore_vf(plan, original.vf)
 
+    def status(self, raw: dict[str, Any]) -> None:
+        """Code 50 when the network must isolate RDMA devices (`rdma: exclusive`, or a tenant
+        granted it requires `rdmaIsolation`) and the node's RDMA subsystem cannot (shared
+        netns mode): every ADD with an RDMA-capable VF would be refused."""
+        from tenantnet.plugin import tenancy
+
+        wanted = "the network's rdma: exclusive" if raw.get("rdma") == "exclusive" else None
+        if wanted is None and raw.get("rdma", "auto") != "off":
+            policy = tenancy.load(self.node)
+            strict = [t.name for t in (policy.tenants if policy else ())
+                      if t.rdma_isolation_required and raw.get("name") in t.networks]
+            if strict:
+                wanted = f"tenant {strict[0]}'s rdmaIsolation: required"
+        if wanted is None:
+            return
+        mode = self.rdma_control.netns_mode()
+        if mode != rdmacontrol.EXCLUSIVE:
+            raise CniError(Code.NOT_AVAILABLE,
+                           f"not available: the node's RDMA subsystem is in {mode} netns mode, so RDMA "
+                           f"devices cannot be isolated in pods, and {wanted} asks for it",
+                           rdmacontrol.SHARED_MODE_FIX)
+
     def pod_netdev(self, record: AttachmentRecord) -> bool:
         return not vf_plan(record).dpdk  # a DPDK VF has no netdev in the pod
 
