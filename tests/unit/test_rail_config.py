@@ -60,3 +60,26 @@ def test_node_config_rail_keys(tmp_path: Path) -> None:
         with pytest.raises(CniError) as err:
             node(tmp_path, bad)
         assert key in err.value.msg, err.value.msg
+
+
+def test_rdma_mode_that_cannot_be_read_warns_under_auto_and_refuses_under_exclusive() -> None:
+    from dataclasses import replace
+
+    from tenantnet.plugin.drivers.vf import VfDriver
+    from tenantnet.plugin.system.rdmacontrol import RdmaUnavailable
+    from tenantnet.plugin.system.sysfs import VirtualFunction
+
+    class Unreadable:
+        def netns_mode(self) -> str:
+            raise RdmaUnavailable("no RDMA netlink in this kernel (ib_core not loaded)")
+
+    driver = VfDriver(nodeconfig.NodeConfig())
+    driver._rdma_control = Unreadable()  # type: ignore[assignment]
+    fn = VirtualFunction("0000:3b:00.2", "0000:3b:00.0", "ens1f0", 0, "mlx5_core", "ens1f0v0", 0, "mlx5_2")
+    conf = type("Conf", (), {"vf": vf(), "name": "rail"})()
+    assert driver._rdma_isolated(conf, fn) is False  # auto: warned, the netdev alone
+    conf.vf = replace(vf(), rdma="exclusive")
+    with pytest.raises(CniError) as err:
+        driver._rdma_isolated(conf, fn)
+    assert err.value.code == 106 and "cannot be read" in err.value.msg
+    assert driver._rdma_isolated(conf, replace(fn, rdma_device=None)) is False  # nothing to isolate

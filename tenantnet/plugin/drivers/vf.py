@@ -145,11 +145,15 @@ class VfDriver(Driver):
         assert conf.vf is not None
         if not vf.rdma_device or conf.vf.rdma == "off":
             return False
-        mode = self.rdma_control.netns_mode()
+        try:
+            mode = self.rdma_control.netns_mode()
+            why = (f"the node's RDMA subsystem is in {mode} netns mode (every namespace sees every RDMA "
+                   "device)")
+        except rdmacontrol.RdmaProblem as exc:
+            mode, why = "unknown", f"the node's RDMA netns mode cannot be read ({exc})"
         if mode == rdmacontrol.EXCLUSIVE:
             return True
-        problem = (f"VF {vf.address}'s RDMA device {vf.rdma_device} cannot be isolated in the pod: the "
-                   f"node's RDMA subsystem is in {mode} netns mode (every namespace sees every RDMA device)")
+        problem = f"VF {vf.address}'s RDMA device {vf.rdma_device} cannot be isolated in the pod: {why}"
         if conf.vf.rdma == "exclusive":
             raise CniError(Code.RDMA_NOT_ISOLATED, f"RDMA isolation: {problem}; {conf.vf.rdma_required_by} "
                                                    "asks for exclusive", rdmacontrol.SHARED_MODE_FIX)
@@ -406,7 +410,11 @@ class VfDriver(Driver):
                 wanted = f"tenant {strict[0]}'s rdmaIsolation: required"
         if wanted is None:
             return
-        mode = self.rdma_control.netns_mode()
+        try:
+            mode = self.rdma_control.netns_mode()
+        except rdmacontrol.RdmaProblem as exc:
+            raise CniError(Code.NOT_AVAILABLE, f"not available: {wanted} asks for RDMA isolation, and the "
+                                               f"node's RDMA netns mode cannot be read: {exc}") from None
         if mode != rdmacontrol.EXCLUSIVE:
             raise CniError(Code.NOT_AVAILABLE,
                            f"not available: the node's RDMA subsystem is in {mode} netns mode, so RDMA "
