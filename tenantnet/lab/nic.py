@@ -144,12 +144,22 @@ class LabNic:
 
     @staticmethod
     def _make_vf_netdev(netdev: str, peer: str, vsctl: Any, vlan: int) -> None:
+        made = False
         if not _link_exists(netdev):
             if _link_exists(peer):
                 _ip("link", "delete", peer, check=False)
             _ip("link", "add", netdev, "type", "veth", "peer", "name", peer)
+            made = True
         _ip("link", "set", peer, "up")
-        vsctl("--may-exist", "add-port", ESW_BRIDGE, peer)
+        if made:
+            # A peer made anew (the VF's veth died with a pod's namespace): ovs-vswitchd does not
+            # reopen a vanished netdev that comes back under its old name, so the port is
+            # deleted and added again — else the VF is silently cut off from the switch
+            # (two transactions: in one, vswitchd keeps the port and its stale netdev by name)
+            vsctl("--if-exists", "del-port", ESW_BRIDGE, peer)
+            vsctl("add-port", ESW_BRIDGE, peer)
+        else:
+            vsctl("--may-exist", "add-port", ESW_BRIDGE, peer)
         if vlan:
             vsctl("set", "Port", peer, f"tag={vlan}")
         else:

@@ -59,6 +59,7 @@ def test_every_del_variant_returns_the_rdma_device(nic_lab: Any, vfp: Any, netns
     ns = netns_factory()
     cid = new_cid()
     conf = vfconf(nic_lab, vf["address"])
+    before = snapshot(nic_lab)
     assert vfp.add(conf, ns, cid).code == 0
     assert holder(rdma, vf["rdma"]) is not None
     if how == "netns-destroyed":
@@ -73,6 +74,7 @@ def test_every_del_variant_returns_the_rdma_device(nic_lab: Any, vfp: Any, netns
         from tenantnet.lab.nic import LabVfControl
 
         LabVfControl(str(nic_lab.root)).set_spoofchk("lpf0", vf["index"], False)  # the lab's start
+    assert diff(before, snapshot(nic_lab)) == ""
 
 
 def test_two_pods_hold_only_their_own_rdma_devices(nic_lab: Any, vfp: Any, netns_factory: Any,
