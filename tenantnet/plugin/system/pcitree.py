@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from tenantnet.plugin.pci import normalise_pci_address
-from tenantnet.plugin.system.sysfs import DeviceNotFound, SysfsError
+from tenantnet.plugin.system.sysfs import DeviceNotFound, Sysfs, SysfsError
 
 NVIDIA = 0x10DE
 GPU_VENDORS = frozenset({NVIDIA})
@@ -115,11 +115,12 @@ class PcieDevice:
     position: PciePosition
 
 
-class PcieTree:
-    """Read-only view of the PCIe tree under a sysfs `root`."""
+class PcieTree(Sysfs):
+    """Read-only view of the PCIe tree under a sysfs `root` (addresses, device directories and
+    links are read as `Sysfs` reads them)."""
 
     def __init__(self, root: str = "/sys", gpu_vendors: Iterable[int] = GPU_VENDORS) -> None:
-        self.root = os.fspath(root)
+        super().__init__(root)
         self.gpu_vendors = frozenset(gpu_vendors)
 
     # -- public API -------------------------------------------------------------------------
@@ -202,21 +203,6 @@ class PcieTree:
 
     # -- reading helpers ---------------------------------------------------------------------
 
-    def _address(self, text: str) -> str:
-        addr = normalise_pci_address(text)
-        if addr is None:
-            raise SysfsError(
-                f"{text!r} is not a PCI address: expected DDDD:BB:DD.F or BB:DD.F in hex "
-                "(device 00-1f, function 0-7), e.g. 0000:3b:00.2"
-            )
-        return addr
-
-    def _device_dir(self, addr: str) -> str:
-        path = os.path.join(self.root, "bus", "pci", "devices", addr)
-        if not os.path.isdir(path):
-            raise DeviceNotFound(f"no PCI device {addr} (nothing at {path})")
-        return path
-
     def _numa_node(self, dev: str) -> int | None:
         value = self._number(os.path.join(dev, "numa_node"), base=10)
         return value if value is not None and value >= 0 else None  # -1: no NUMA affinity
@@ -244,27 +230,9 @@ class PcieTree:
             raise SysfsError(f"cannot read link {path}: {exc.strerror or exc}") from None
 
     @staticmethod
-    def _link_name(path: str) -> str | None:
-        try:
-            return os.path.basename(os.readlink(path).rstrip("/"))
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            if exc.errno == errno.EINVAL:
-                return None
-            raise SysfsError(f"cannot read link {path}: {exc.strerror or exc}") from None
-
-    @staticmethod
-    def _names(directory: str) -> list[str]:
-        try:
-            return sorted(os.listdir(directory))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        except OSError as exc:
-            raise SysfsError(f"cannot list {directory}: {exc.strerror or exc}") from None
-
-    @staticmethod
     def _read(path: str) -> str | None:
+        # As Sysfs._read, and a path through a file (a device with no such subdirectory) is
+        # absent too.
         try:
             with open(path, encoding="ascii", errors="replace") as f:
                 return f.read().strip()
