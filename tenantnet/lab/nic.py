@@ -18,8 +18,6 @@ so `recover_netdev` re-creates it — the lab's stand-in for the kernel's behavi
 from __future__ import annotations
 
 import errno
-import fcntl
-import json
 import os
 import subprocess
 from collections.abc import Iterator
@@ -27,6 +25,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tenantnet.lab import statefile
 from tenantnet.lab.nicsysfs import SimPf, write_representors, write_tree
 from tenantnet.lab.ovs import paths, vsctl
 from tenantnet.plugin.system import vfcontrol
@@ -58,6 +57,10 @@ def _link_exists(name: str) -> bool:
     return os.path.exists(f"/sys/class/net/{name}")
 
 
+def _initial_state() -> dict[str, Any]:
+    return {"bridge": ESW_BRIDGE, "pfs": {}, "refuse": []}
+
+
 def peer_name(vf_netdev: str) -> str:
     return f"{vf_netdev}-esw"[:15]
 
@@ -72,31 +75,11 @@ class LabNic:
 
     @contextmanager
     def locked_state(self) -> Iterator[dict[str, Any]]:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.state_path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                before = self.state_path.read_text()
-                state = json.loads(before)
-            except FileNotFoundError:
-                before, state = "", {"bridge": ESW_BRIDGE, "pfs": {}, "refuse": []}
+        with statefile.locked(self.state_path, _initial_state) as state:
             yield state
-            # Compact: `indent` would switch json to its pure-Python encoder, and the state is
-            # rewritten once per VF attribute (`tenantnetctl lab status` shows it readably).
-            after = json.dumps(state, sort_keys=True)
-            if after != before:  # reads are most calls: no rename (≈ 1 ms on ext4) for them
-                tmp = self.state_path.with_suffix(".tmp")
-                tmp.write_text(after)
-                os.replace(tmp, self.state_path)
-        finally:
-            os.close(fd)
 
     def read_state(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.state_path.read_text())  # type: ignore[no-any-return]
-        except FileNotFoundError:
-            return {"bridge": ESW_BRIDGE, "pfs": {}, "refuse": []}
+        return statefile.read(self.state_path, _initial_state)
 
     def create(self, pfs: list[SimPf], vsctl: Any, refuse: list[str] | None = None,
                representors: dict[str, dict[int, str]] | None = None, uplink_bridge: str = "") -> None:

@@ -34,14 +34,13 @@ The state lives in `<lab dir>/rdma/state.json` under an flock on `<lab dir>/rdma
 from __future__ import annotations
 
 import errno
-import fcntl
-import json
 import os
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from tenantnet.lab import statefile
 from tenantnet.plugin.system import rdmacontrol
 from tenantnet.plugin.system.netns import NamespaceNotFound
 from tenantnet.plugin.system.rdmacontrol import (
@@ -87,29 +86,11 @@ class LabRdma:
 
     @contextmanager
     def locked_state(self) -> Iterator[dict[str, Any]]:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.state_path.with_suffix(".lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            try:
-                before = self.state_path.read_text()
-                state = json.loads(before)
-            except FileNotFoundError:
-                before, state = "", _initial()
+        with statefile.locked(self.state_path, _initial) as state:
             yield state
-            after = json.dumps(state, sort_keys=True)
-            if after != before:
-                tmp = self.state_path.with_suffix(".tmp")
-                tmp.write_text(after)
-                os.replace(tmp, self.state_path)
-        finally:
-            os.close(fd)
 
     def read_state(self) -> dict[str, Any]:
-        try:
-            return json.loads(self.state_path.read_text())  # type: ignore[no-any-return]
-        except FileNotFoundError:
-            return _initial()
+        return statefile.read(self.state_path, _initial)
 
 
 def _names(directory: Path) -> list[str]:
