@@ -520,7 +520,7 @@ def test_netns_identity() -> None:
 
 
 def test_registry(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(rdmacontrol, "_PROVIDERS", dict(rdmacontrol._PROVIDERS))
+    monkeypatch.setattr(rdmacontrol._PROVIDERS, "_factories", dict(rdmacontrol._PROVIDERS._factories))
     assert isinstance(rdmacontrol.control_for("netlink"), NetlinkRdmaControl)
     made: list[str] = []
 

@@ -46,6 +46,7 @@ from typing import Protocol
 from tenantnet.plugin.system import rdmanl
 from tenantnet.plugin.system.netlink import NetlinkProblem
 from tenantnet.plugin.system.netns import CLONE_NEWNET, NS_GET_NSTYPE, NamespaceNotFound, open_netns_fd
+from tenantnet.plugin.system.providers import Providers
 
 SHARED, EXCLUSIVE = "shared", "exclusive"
 SHARED_MODE_FIX = ("switch the RDMA subsystem to exclusive mode: `rdma system set netns exclusive` "
@@ -267,30 +268,14 @@ class NetlinkRdmaControl(RdmaControl):
 # outside the plugin wing — the lab's simulation — register themselves when imported; the
 # node config's `rdmaControlModules` names the modules to import. So the plugin never
 # imports the lab, and the simulation is used only where the admin's node config says so.
-_PROVIDERS: dict[str, Callable[[str], RdmaControl]] = {}
+_PROVIDERS = Providers[RdmaControl]("rdmaControl", "RDMA control", NetlinkRdmaControl)
 
 
 def register(scheme: str, factory: Callable[[str], RdmaControl]) -> None:
     """Serve `rdmaControl: <scheme>:<argument>` with `factory(argument)`."""
-    _PROVIDERS[scheme] = factory
+    _PROVIDERS.register(scheme, factory)
 
 
 def control_for(spec: str, modules: Iterable[str] = ()) -> RdmaControl:
-    """The RDMA control the node config's `rdmaControl` names; `modules` (its
-    `rdmaControlModules`) are imported first when no provider of the scheme is registered yet."""
-    if spec == "netlink":
-        return NetlinkRdmaControl()
-    scheme, _, argument = spec.partition(":")
-    modules = list(modules)
-    if scheme not in _PROVIDERS:
-        import importlib
-
-        for module in modules:
-            importlib.import_module(module)
-    factory = _PROVIDERS.get(scheme)
-    if factory is None:
-        from cni.errors import CniError, Code
-
-        raise CniError(Code.INVALID_CONFIG, f"invalid node config: rdmaControl {spec!r}: no RDMA control "
-                                            f"provides {scheme!r} (rdmaControlModules: {modules})")
-    return factory(argument)
+    """The RDMA control the node config's `rdmaControl` names (see `providers.py`)."""
+    return _PROVIDERS.control_for(spec, modules)

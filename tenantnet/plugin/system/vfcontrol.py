@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from tenantnet.plugin.system.netlink import LinkNotFound, host_ipr, translated
+from tenantnet.plugin.system.providers import Providers
 from tenantnet.plugin.system.vfstate import VF_FIELDS, VfState, parse_vfinfo, request_message, vf_request
 
 RTEXT_FILTER_VF = 1  # ext_mask bit that makes the kernel include IFLA_VFINFO_LIST in a link dump
@@ -252,35 +253,20 @@ def _refused_attribute(field: str, state: VfState, err: int) -> tuple[str, str]:
     return field, str(value)
 
 
-# ---- which VF control a node uses ---------------------------------------------------------
+# ---- which VF control a node uses (the registry: providers.py) --------------------------
 # The node config's `vfControl` is `netlink` (a real NIC) or `<scheme>:<argument>`, served by
 # a VF control registered under that scheme. Providers outside the plugin wing — the lab's
 # simulated NIC — register themselves when imported; the node config's `vfControlModules`
 # names the modules to import. So the plugin never imports the lab, and the lab's NIC is
 # used only where the admin's node config says so.
-_PROVIDERS: dict[str, Callable[[str], VfControl]] = {}
+_PROVIDERS = Providers[VfControl]("vfControl", "VF control", NetlinkVfControl)
 
 
 def register(scheme: str, factory: Callable[[str], VfControl]) -> None:
     """Serve `vfControl: <scheme>:<argument>` with `factory(argument)`."""
-    _PROVIDERS[scheme] = factory
+    _PROVIDERS.register(scheme, factory)
 
 
 def control_for(spec: str, modules: Iterable[str] = ()) -> VfControl:
-    """The VF control the node config's `vfControl` names; `modules` (its `vfControlModules`)
-    are imported first when no provider of the scheme is registered yet."""
-    if spec == "netlink":
-        return NetlinkVfControl()
-    scheme, _, argument = spec.partition(":")
-    if scheme not in _PROVIDERS:
-        import importlib
-
-        for module in modules:
-            importlib.import_module(module)
-    factory = _PROVIDERS.get(scheme)
-    if factory is None:
-        from cni.errors import CniError, Code
-
-        raise CniError(Code.INVALID_CONFIG, f"invalid node config: vfControl {spec!r}: no VF control "
-                                            f"provides {scheme!r} (vfControlModules: {list(modules)})")
-    return factory(argument)
+    """The VF control the node config's `vfControl` names (see `providers.py`)."""
+    return _PROVIDERS.control_for(spec, modules)
