@@ -125,17 +125,17 @@ def write_tree(root: str | Path, pfs: list[SimPf]) -> None:
                 if old and old not in wanted_vfs:
                     _remove_device(root, parent, old)
         _write_device(root, parent, pf.address, pf.driver, [pf.netdev], None, pf.numa_node)
-        _write(pf_dir / "sriov_totalvfs", str(pf.totalvfs))
-        _write(pf_dir / "sriov_numvfs", str(len(pf.vfs)))
+        write_attribute(pf_dir / "sriov_totalvfs", str(pf.totalvfs))
+        write_attribute(pf_dir / "sriov_numvfs", str(len(pf.vfs)))
         if pf.switch_id:
-            _write(pf_dir / "net" / pf.netdev / "phys_switch_id", pf.switch_id)
+            write_attribute(pf_dir / "net" / pf.netdev / "phys_switch_id", pf.switch_id)
         else:
             _unlink(pf_dir / "net" / pf.netdev / "phys_switch_id")
         for index, vf in enumerate(pf.vfs):
             _write_device(root, parent, vf.address, vf.driver, [vf.netdev] if vf.netdev else [],
                           vf.rdma_device, vf.numa_node)
-            _symlink(parent / vf.address / "physfn", f"../{pf.address}")
-            _symlink(pf_dir / f"virtfn{index}", f"../{vf.address}")
+            relink(parent / vf.address / "physfn", f"../{pf.address}")
+            relink(pf_dir / f"virtfn{index}", f"../{vf.address}")
     _prune_class_net(root)
 
 
@@ -157,8 +157,8 @@ def _write_device(root: Path, parent: Path, address: str, driver: str, netdevs: 
     dev = parent / address
     dev.mkdir(parents=True, exist_ok=True)
     bus_devices = root / "bus" / "pci" / "devices"
-    _symlink(bus_devices / address, os.path.relpath(dev, bus_devices))
-    _write(dev / "numa_node", str(numa_node))
+    relink(bus_devices / address, os.path.relpath(dev, bus_devices))
+    write_attribute(dev / "numa_node", str(numa_node))
 
     drivers = root / "bus" / "pci" / "drivers"
     for other in _names(drivers):  # a rebind (e.g. mlx5_core → vfio-pci) leaves no stale back-link
@@ -166,17 +166,17 @@ def _write_device(root: Path, parent: Path, address: str, driver: str, netdevs: 
             _unlink(drivers / other / address)
     if driver:
         (drivers / driver).mkdir(parents=True, exist_ok=True)
-        _symlink(dev / "driver", os.path.relpath(drivers / driver, dev))
-        _symlink(drivers / driver / address, os.path.relpath(dev, drivers / driver))
+        relink(dev / "driver", os.path.relpath(drivers / driver, dev))
+        relink(drivers / driver / address, os.path.relpath(dev, drivers / driver))
     else:
         _unlink(dev / "driver")
 
     _sync_dir(dev / "net", netdevs)
     for name in netdevs:
         (dev / "net" / name).mkdir(parents=True, exist_ok=True)
-        _symlink(dev / "net" / name / "device", f"../../../{address}")
+        relink(dev / "net" / name / "device", f"../../../{address}")
         (root / "class" / "net").mkdir(parents=True, exist_ok=True)
-        _symlink(root / "class" / "net" / name, os.path.relpath(dev / "net" / name, root / "class" / "net"))
+        relink(root / "class" / "net" / name, os.path.relpath(dev / "net" / name, root / "class" / "net"))
     _sync_dir(dev / "infiniband", [rdma_device] if rdma_device else [])
     if rdma_device:
         (dev / "infiniband" / rdma_device).mkdir(parents=True, exist_ok=True)
@@ -207,7 +207,8 @@ def _prune_class_net(root: Path) -> None:
             link.unlink()
 
 
-def _symlink(path: Path, target: str) -> None:
+def relink(path: Path, target: str) -> None:
+    """`path` a symlink to `target` (relative), whatever was there before."""
     if path.is_symlink():
         if os.readlink(path) == target:
             return
@@ -218,7 +219,8 @@ def _symlink(path: Path, target: str) -> None:
     path.symlink_to(target)
 
 
-def _write(path: Path, text: str) -> None:
+def write_attribute(path: Path, text: str) -> None:
+    """A fake sysfs attribute (rewritten only when it changes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     content = text + "\n"  # sysfs attributes end in a newline
     if not path.is_file() or path.read_text() != content:
@@ -307,13 +309,13 @@ def write_representors(root: str | Path, pf: SimPf, representors: dict[int, str]
         raise ValueError(f"PF {pf.address}: switchdev representors need a switch_id")
     root = Path(root)
     pf_dir = _parent_dir(root, pf) / pf.address
-    _write(pf_dir / "net" / pf.netdev / "phys_port_name", f"p{pf_number}")
+    write_attribute(pf_dir / "net" / pf.netdev / "phys_port_name", f"p{pf_number}")
     class_net = root / "class" / "net"
     class_net.mkdir(parents=True, exist_ok=True)
     for index, name in representors.items():
         rep = pf_dir / "net" / name
         rep.mkdir(parents=True, exist_ok=True)
-        _symlink(rep / "device", f"../../../{pf.address}")
-        _write(rep / "phys_switch_id", pf.switch_id)
-        _write(rep / "phys_port_name", f"pf{pf_number}vf{index}")
-        _symlink(class_net / name, os.path.relpath(rep, class_net))
+        relink(rep / "device", f"../../../{pf.address}")
+        write_attribute(rep / "phys_switch_id", pf.switch_id)
+        write_attribute(rep / "phys_port_name", f"pf{pf_number}vf{index}")
+        relink(class_net / name, os.path.relpath(rep, class_net))

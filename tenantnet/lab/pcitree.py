@@ -36,12 +36,11 @@ differ — one switch per host bridge, two GPUs and NICs per switch, two-level s
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tenantnet.lab.nicsysfs import SimPf, connectx_pf, write_tree
+from tenantnet.lab.nicsysfs import SimPf, connectx_pf, relink, write_attribute, write_tree
 from tenantnet.plugin.pci import normalise_pci_address
 
 BRIDGE_CLASS = 0x060400
@@ -203,29 +202,12 @@ def _write_function(root: Path, parent: str, address: str, pci_class: int, vendo
     dev = root / parent / address
     dev.mkdir(parents=True, exist_ok=True)
     _write_ids(dev, pci_class, vendor, device)
-    _write(dev / "numa_node", str(numa_node))
+    write_attribute(dev / "numa_node", str(numa_node))
     bus_devices = root / "bus" / "pci" / "devices"
-    _symlink(bus_devices / address, os.path.relpath(dev, bus_devices))
+    relink(bus_devices / address, os.path.relpath(dev, bus_devices))
 
 
 def _write_ids(dev: Path, pci_class: int, vendor: int, device: int) -> None:
-    _write(dev / "class", f"0x{pci_class:06x}")
-    _write(dev / "vendor", f"0x{vendor:04x}")
-    _write(dev / "device", f"0x{device:04x}")
-
-
-def _write(path: Path, text: str) -> None:
-    content = text + "\n"  # sysfs attributes end in a newline
-    if not path.is_file() or path.read_text() != content:
-        path.write_text(content)
-
-
-def _symlink(path: Path, target: str) -> None:
-    if path.is_symlink():
-        if os.readlink(path) == target:
-            return
-        path.unlink()
-    elif path.exists():
-        shutil.rmtree(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.symlink_to(target)
+    write_attribute(dev / "class", f"0x{pci_class:06x}")
+    write_attribute(dev / "vendor", f"0x{vendor:04x}")
+    write_attribute(dev / "device", f"0x{device:04x}")
