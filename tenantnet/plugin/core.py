@@ -163,8 +163,7 @@ class Plugin:
                 pending.result()  # the driver's background step: its failure fails the ADD
             record.phase = PHASE_READY
             record.result = result.to_dict(RECORD_VERSION)
-            # The file exists already: its directory entry need not be made durable again.
-            self.records.save(record, new_file=False)
+            self.records.save(record)
             faults.step("add.ready")
         except BaseException as exc:
             if pending is not None:

@@ -3,7 +3,7 @@
 A record is written *before* the kernel or OVS is touched (phase `adding`) and completed
 afterwards (phase `ready`, with the result). DEL, CHECK and GC start from it, so a crash at
 any instant leaves enough on disk to undo everything. Files are written atomically
-(temp file, fsync, rename) with mode 0600, one per attachment:
+(temp file, rename) with mode 0600, one per attachment:
 
     <stateDir>/attachments/<network>/<containerID>/<ifname>.json
 
@@ -12,6 +12,13 @@ be read as this format (bad JSON, wrong types, a newer format) is *quarantined* 
 `<stateDir>/quarantine/` — so that DEL and GC go on from the request and what the system
 shows instead of failing on it for ever; `tenantnetctl ls` lists quarantined records.
 Calls for one (container id, ifname) are serialised across processes by `lock`.
+
+No fsync: a killed process loses nothing the page cache holds, and what a power cut can
+lose or revert here, the reboot that follows has made harmless (the pod's namespace and
+veth are gone, VFs reset; an OVS port of ours found without a record is removed by the
+runtime's DEL or GC through its external_ids). docs/architecture.md, "Durability", argues
+it per piece of state; tests/integration/test_power_cut.py checks it on a filesystem whose
+unwritten pages are really dropped.
 """
 
 from __future__ import annotations
@@ -245,10 +252,10 @@ class RecordStore:
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptRecord(f"attachment record {path} is unreadable: {exc}", path) from None
 
-    def save(self, record: AttachmentRecord, *, new_file: bool = True) -> None:
-        """Write the record atomically (temp file, fsync, rename). With `new_file` the
-        directory is fsynced too, so that the name itself survives a power loss; rewriting
-        an existing record can skip that: losing the rename leaves its previous version."""
+    def save(self, record: AttachmentRecord) -> None:
+        """Write the record atomically (temp file, rename): a reader, or the process after
+        a SIGKILL, sees the previous version or this one, never a part (no fsync: see the
+        module's docstring)."""
         record.updated = time.time()
         path = self.path(*record.key)
         directory = os.path.dirname(path)
@@ -258,8 +265,6 @@ class RecordStore:
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as fh:
                 fh.write(record.to_json())
-                fh.flush()
-                os.fsync(fh.fileno())
             faults.step("record.tmp-written")  # the temp file exists, the rename has not happened
             os.replace(tmp, path)
         except BaseException:
@@ -268,13 +273,6 @@ class RecordStore:
             except FileNotFoundError:
                 pass
             raise
-        if not new_file:
-            return
-        dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
 
     def remove(self, network: str, container_id: str, ifname: str) -> None:
         path = self.path(network, container_id, ifname)
