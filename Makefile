@@ -8,7 +8,7 @@ PYTHON  ?= $(shell test -x /usr/bin/python3 && echo /usr/bin/python3 || echo pyt
 SHELL   := /bin/bash
 .SHELLFLAGS := -eo pipefail -c
 
-.PHONY: all deps venv demo test unit integration lint bench clean
+.PHONY: all deps venv trampoline demo test unit integration lint bench clean
 
 all: test
 
@@ -23,10 +23,39 @@ $(STAMP): pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@$(PY) -m pip install -q --disable-pip-version-check --config-settings editable_mode=compat -e '.[test]' >$(VENV)/pip.log 2>&1 \
 		|| { cat $(VENV)/pip.log; exit 1; }
-	@$(PY) -c 'import pathlib, tenantnet.ops.runtime as i; i.write_venv_launchers(pathlib.Path("$(VENV)/bin").absolute(), pathlib.Path(".").absolute())'
 	@touch $(STAMP)
 
-venv: $(STAMP)
+# The plugin executables. With a C compiler: the compiled trampoline (trampoline/trampoline.c,
+# docs/agent.md) as .venv/bin/tenantnet and tenantnet-ipam, in front of the Python launchers
+# (tenantnet/ops/runtime.py) as tenantnet-shim and tenantnet-ipam-shim. Without one: the
+# Python launchers under the plain names too. Static when the C library's archive is there
+# (a static binary starts faster).
+LAUNCHERS   = $(PY) -c 'import pathlib, tenantnet.ops.runtime as i; i.write_venv_launchers(pathlib.Path("$(VENV)/bin").absolute(), pathlib.Path(".").absolute(), suffix="$(1)")'
+CC         ?= cc
+TRAMPOLINE_CFLAGS := -std=c11 -O2 -Wall -Wextra -Werror -D_GNU_SOURCE
+PLUGINS_STAMP := $(VENV)/.plugins
+
+# Whether there is a compiler is decided when the recipe runs, not when make reads this
+# file: on a fresh machine `make test` installs gcc (deps) after reading it.
+$(PLUGINS_STAMP): $(STAMP) trampoline/trampoline.c
+	@$(call LAUNCHERS,-shim)
+	@if command -v $(CC) >/dev/null 2>&1; then \
+		static=$$(test -f "$$($(CC) -print-file-name=libc.a)" && echo -static || true); \
+		echo "==> building the trampoline ($(CC) $$static)"; \
+		$(CC) $(TRAMPOLINE_CFLAGS) $$static -o $(VENV)/tenantnet-trampoline.tmp trampoline/trampoline.c; \
+		mv -f $(VENV)/tenantnet-trampoline.tmp $(VENV)/tenantnet-trampoline; \
+		for c in tenantnet tenantnet-ipam; do \
+			cp -f $(VENV)/tenantnet-trampoline $(VENV)/bin/.$$c.tmp && mv -f $(VENV)/bin/.$$c.tmp $(VENV)/bin/$$c; \
+		done; \
+	else \
+		echo "==> no C compiler ($(CC)): tenantnet and tenantnet-ipam are the Python launchers"; \
+		$(call LAUNCHERS,); \
+	fi
+	@touch $@
+
+trampoline: $(PLUGINS_STAMP)
+
+venv: $(STAMP) $(PLUGINS_STAMP)
 
 $(LINT_STAMP): pyproject.toml
 	@echo "==> creating $(LINT_VENV) with the type and layer checkers"

@@ -16,6 +16,10 @@ runtime in one relocatable directory, and the installer copies that directory to
     lib/python3.11/             the standard library (minus tests, GUI and terminal modules)
     site/                       tenantnet and its dependencies (`pip install --target site`)
     libexec/<command>           one tiny Python entry script per console script
+    bin/tenantnet-trampoline    the compiled fast path (trampoline/trampoline.c, static: it
+                                uses no library of the host either), when a C compiler and a
+                                static libc are there; the installer writes it as `tenantnet`
+                                and `tenantnet-ipam`, with the shims as `<name>-shim`
     tenantnet-runtime.json      the manifest: version, content digest, every file's sha256
 
 The shims run `LC_ALL=C lib/ld-linux… --inhibit-cache --library-path lib bin/python3.11
@@ -113,8 +117,36 @@ sys.exit({function}())
 '''
 
 
+# The trampoline: built as the Makefile builds it, and static (the host's glibc is never used).
+TRAMPOLINE_SOURCE = Path(__file__).resolve().parent.parent / "trampoline" / "trampoline.c"
+TRAMPOLINE = "bin/tenantnet-trampoline"
+TRAMPOLINE_CFLAGS = ("-std=c11", "-O2", "-Wall", "-Wextra", "-Werror", "-D_GNU_SOURCE", "-static")
+
+
 class BuildError(Exception):
     pass
+
+
+def build_trampoline(out: Path, source: Path | None, cc: str | None = None) -> str | None:
+    """Compile the trampoline into the runtime; its path there, or None when this build
+    system cannot (no source, no C compiler, no static C library: the plain shims then)."""
+    cc = cc or shutil.which("cc") or shutil.which("gcc")
+    if source is None or not source.is_file() or cc is None:
+        return None
+    libc = subprocess.run([cc, "-print-file-name=libc.a"], capture_output=True, text=True).stdout.strip()
+    if not os.path.isabs(libc) or not os.path.isfile(libc):
+        print(f"build_runtime: no static C library for {cc} (libc6-dev): no trampoline", file=sys.stderr)
+        return None
+    target = out / TRAMPOLINE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.run([cc, *TRAMPOLINE_CFLAGS, "-o", str(target), str(source)],
+                          capture_output=True, text=True)
+    if proc.returncode != 0 or proc.stderr.strip():
+        raise BuildError(f"the trampoline does not build warning-free:\n{proc.stderr.strip()}")
+    if elf_interpreter(target) is not None:
+        raise BuildError(f"{target} is not static")
+    target.chmod(0o755)
+    return TRAMPOLINE
 
 
 def elf_interpreter(path: Path) -> str | None:
@@ -252,15 +284,16 @@ def _installer(out: Path) -> Any:
 def write_launchers(out: Path, launchers: Path) -> list[Path]:
     """Shims for every command in `launchers` (e.g. /usr/local/bin), naming the runtime in place.
 
-    The image runs exactly what the host runs: the same shim, the same runtime.
+    The image runs exactly what the host runs: the same shims (and trampoline), the same runtime.
     """
     install = _installer(out)
     runtime = install.load_runtime(out)
     written = []
     for command in ENTRYPOINTS:
-        path = launchers / command
-        install.atomic_write(path, install.shim_text(runtime, str(out), command).encode(), install.SHIM_MODE)
-        written.append(path)
+        for name, data in install.plugin_files(runtime, str(out), command):
+            path = launchers / name
+            install.atomic_write(path, data, install.SHIM_MODE)
+            written.append(path)
     return written
 
 
@@ -274,7 +307,8 @@ def _project_version(site: Path) -> str:
 
 def build(out: Path, site: Path, python: Path, busybox: Path, version: str | None = None,
           compile_bytecode: bool = True,
-          self_check_imports: tuple[str, ...] = SELF_CHECK_IMPORTS) -> dict[str, object]:
+          self_check_imports: tuple[str, ...] = SELF_CHECK_IMPORTS,
+          trampoline: Path | None = TRAMPOLINE_SOURCE) -> dict[str, object]:
     """Build the runtime into `out` (which must not exist); return the manifest."""
     if out.exists():
         raise BuildError(f"{out} exists; the runtime is built into a new directory")
@@ -309,6 +343,7 @@ def build(out: Path, site: Path, python: Path, busybox: Path, version: str | Non
         path.parent.mkdir(exist_ok=True)
         path.write_text(ENTRY_SCRIPT.format(command=command, path=f"libexec/{command}",
                                             module=module, function=function))
+    trampoline_path = build_trampoline(out, trampoline)
 
     # The library closure of every ELF file in the tree, resolved by the build system's
     # loader. Libraries a wheel bundles next to itself ($ORIGIN rpath) are already inside.
@@ -355,6 +390,8 @@ def build(out: Path, site: Path, python: Path, busybox: Path, version: str | Non
         "entrypoints": {c: f"libexec/{c}" for c in ENTRYPOINTS},
         "files": files,
     }
+    if trampoline_path:
+        manifest["trampoline"] = trampoline_path
     (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
     return manifest
 
@@ -369,13 +406,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--busybox", type=Path, default=Path("/bin/busybox"), help="a static busybox")
     p.add_argument("--version", help="tenantnet's version (default: from site/tenantnet-*.dist-info)")
     p.add_argument("--no-compile", action="store_true", help="skip byte-compiling (tests)")
+    p.add_argument("--trampoline", type=Path, default=TRAMPOLINE_SOURCE, metavar="SRC",
+                   help="the trampoline's C source (default: the repository's); built when a C compiler "
+                        "and a static libc are there")
+    p.add_argument("--no-trampoline", action="store_true", help="build no trampoline (the plain shims)")
     p.add_argument("--launchers", type=Path, metavar="DIR",
                    help="also write shims for every command into DIR, naming the runtime where it is "
                         "(the image's /usr/local/bin)")
     args = p.parse_args(argv)
     args.out = args.out.absolute()
     try:
-        m = build(args.out, args.site, args.python, args.busybox, args.version, not args.no_compile)
+        m = build(args.out, args.site, args.python, args.busybox, args.version, not args.no_compile,
+                  trampoline=None if args.no_trampoline else args.trampoline)
         if args.launchers:
             write_launchers(args.out, args.launchers)
     except (BuildError, OSError, subprocess.CalledProcessError) as exc:

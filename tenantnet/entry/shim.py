@@ -12,6 +12,11 @@ the ≈ 180 ms of imports and the OVSDB connect of the in-process plugin (docs/a
     agent stalls / goes away   → CNI error 11 (try again later) after a bounded time-out;
                                  never a hang, never a second execution next to a live agent
 
+The compiled trampoline (trampoline/trampoline.c, installed as `tenantnet` with this shim as
+`tenantnet-shim`) does the first row itself and execs this shim for the others, with the
+stdin it read on fd 0 again; when the agent failed it sets TENANTNET_SHIM_FAILURE to the
+reason, and this shim then answers code 11 with it without going to any agent.
+
 Protocol (unix stream socket, one request per connection; both frames are a 4-byte
 big-endian length followed by the payload; NUL can appear in neither an env string nor a
 field, so it separates them):
@@ -55,6 +60,10 @@ TRY_AGAIN_LATER = 11
 NOT_AVAILABLE = 50
 DECODE_FAILURE = 6
 MAX_STDIN = 1 << 20  # = cni.netconf.MAX_STDIN_BYTES: larger stdin is refused before the agent
+# Set by the trampoline when the agent took (or may have taken) the request and failed: the
+# one-line reason. Never forwarded; with it, the shim answers code 11 and goes to no agent.
+FAILURE_ENV = b"TENANTNET_SHIM_FAILURE"
+RETRY_DETAILS = "the request may still complete in the agent; retrying it is safe"
 
 # connect() errors meaning "nobody serves this socket": fall back to in-process.
 _NO_AGENT = {2, 20, 111, 13}  # ENOENT, ENOTDIR, ECONNREFUSED, EACCES
@@ -226,22 +235,26 @@ def run(plugin: str, in_process: InProcess) -> int:
     entry module's, which passes itself: the shim never imports the plugin); returns the
     exit code."""
     global _served_by_agent
-    stdin = b"" if sys.stdin is None or sys.stdin.closed else sys.stdin.buffer.read()
+    # Bounded: one byte over the limit is enough to refuse, whatever the caller sends.
+    stdin = b"" if sys.stdin is None or sys.stdin.closed else sys.stdin.buffer.read(MAX_STDIN + 1)
     environ = environb()
-    socket_path, declared = agent_socket_of(node_config_path(environ=environ))
+    failure = environ.get(FAILURE_ENV)
+    if failure is not None:
+        # The trampoline's request failed in the agent: the same answer as an AgentFailed here.
+        reason = failure.decode(sys.getfilesystemencoding(), "surrogateescape")
+        return _print(1, error_json(stdin, TRY_AGAIN_LATER, reason, RETRY_DETAILS), b"")
     if len(stdin) > MAX_STDIN:
-        code, out = 1, error_json(b"", DECODE_FAILURE, f"network config on stdin is {len(stdin)} bytes; "
-                                                      f"at most {MAX_STDIN} allowed")
-        sys.stdout.write(out.decode())
-        sys.stdout.flush()
-        return code
+        return _print(1, error_json(b"", DECODE_FAILURE, f"network config on stdin is more than "
+                                                         f"{MAX_STDIN} bytes; at most {MAX_STDIN} (1 MiB) "
+                                                         "allowed"), b"")
+    socket_path, declared = agent_socket_of(node_config_path(environ=environ))
+    forwarded = dict(environ)
+    forwarded.pop(FAILURE_ENV, None)
     try:
-        code, out, err = ask(socket_path, plugin, dict(environ), stdin, timeout_of(environ))
+        code, out, err = ask(socket_path, plugin, forwarded, stdin, timeout_of(environ))
         _served_by_agent = True
     except AgentFailed as exc:
-        code, out, err = 1, error_json(stdin, TRY_AGAIN_LATER, str(exc),
-                                                     "the request may still complete in the agent; "
-                                                     "retrying it is safe"), b""
+        code, out, err = 1, error_json(stdin, TRY_AGAIN_LATER, str(exc), RETRY_DETAILS), b""
     except AgentUnavailable as exc:
         if declared and environ.get(b"CNI_COMMAND") == b"STATUS":
             # The node config declares an agent: its absence is what STATUS is for, even
@@ -252,6 +265,10 @@ def run(plugin: str, in_process: InProcess) -> int:
         else:
             code, out = _in_process(in_process, stdin)
             err = b""
+    return _print(code, out, err)
+
+
+def _print(code: int, out: bytes, err: bytes) -> int:
     # Through the text layer, as cni.skel.main writes: the bytes are the same (the JSON is
     # ASCII), and a caller that swapped sys.stdout for its own object still sees the write.
     if out:

@@ -18,7 +18,11 @@ glibc, or no shell. So nothing of the host is used:
   scripts ("shims") interpreted by the runtime's static busybox, which exec the runtime's
   loader on its interpreter. Each is written atomically (temp file in the same directory,
   fsync, rename), so kubelet runs the old shim or the new one, never half of one; the
-  runtime is in place before any shim names it.
+  runtime is in place before any shim names it. When the runtime has the compiled
+  trampoline (docs/agent.md), the scripts are written as `tenantnet-shim` and
+  `tenantnet-ipam-shim` first, then `tenantnet` and `tenantnet-ipam` as the trampoline,
+  which execs its `-shim` beside it for everything but the agent's fast path. Without one,
+  the `-shim` files are written too (the same script as the plain name).
 
 Nothing else is written unless asked: `--node-config FILE` also writes the node config
 (validated first). `--uninstall` removes the shims it wrote and the runtimes, nothing else
@@ -50,6 +54,7 @@ from tenantnet.ops.runtime import (
     NODE_CONFIG_MODE,
     PLUGINS,
     SHIM_MODE,
+    SHIM_SUFFIX,
     TMP_PREFIX,
     InstallError,
     Out,
@@ -57,11 +62,13 @@ from tenantnet.ops.runtime import (
     atomic_write,
     default_runtime_source,
     fsync_dir,
+    installed_runtime,
+    is_trampoline,
     load_runtime,
     place_runtime,
+    plugin_files,
     remove_tree,
-    shim_runtime,
-    shim_text,
+    written_by_us,
 )
 from tenantnet.plugin import nodepath
 
@@ -156,22 +163,24 @@ def install(opts: Options, out: Out = print) -> bool:
         runtime_dir = _runtime_dir(opts)
         host_rt = _runtime_host_path(opts, src.name)
     with _locked(runtime_dir or bin_dir):
-        previous = {shim_runtime(bin_dir / c) for c in opts.commands} - {None}
+        previous = {installed_runtime(bin_dir, c) for c in opts.commands} - {None}
         changed |= _remove_temp_files(bin_dir)
         if runtime_dir is not None:
             changed |= place_runtime(src, runtime_dir, out, host_rt)
-        # shims only after the runtime they name is complete and in place
+        # shims only after the runtime they name is complete and in place (and a trampoline
+        # only after the -shim it falls back to)
         for command in opts.commands:
-            target = bin_dir / command
-            host_target = opts.cni_bin_dir.rstrip("/") + "/" + command
-            foreign = target.exists() or target.is_symlink()
-            foreign = foreign and shim_runtime(target) is None
-            if atomic_write(target, shim_text(src, host_rt, command).encode(), SHIM_MODE):
-                changed = True
-                note = " (replaced a file not written by this installer)" if foreign else ""
-                out(f"{host_target}: written, runs tenantnet {src.version} from {host_rt}{note}")
-            else:
-                out(f"{host_target}: unchanged")
+            for name, data in plugin_files(src, host_rt, command):
+                target = bin_dir / name
+                host_target = opts.cni_bin_dir.rstrip("/") + "/" + name
+                foreign = (target.exists() or target.is_symlink()) and not written_by_us(target)
+                if atomic_write(target, data, SHIM_MODE):
+                    changed = True
+                    note = " (replaced a file not written by this installer)" if foreign else ""
+                    kind = " (the compiled trampoline)" if data[:4] == b"\x7fELF" else ""
+                    out(f"{host_target}: written{kind}, runs tenantnet {src.version} from {host_rt}{note}")
+                else:
+                    out(f"{host_target}: unchanged")
         if node_config_text is not None:
             if atomic_write(node_config_path, node_config_text, NODE_CONFIG_MODE):
                 changed = True
@@ -237,14 +246,16 @@ def uninstall(opts: Options, out: Out = print) -> bool:
     changed = False
     with _locked(runtime_dir or bin_dir):
         for command in opts.commands:
-            target = bin_dir / command
-            host_target = opts.cni_bin_dir.rstrip("/") + "/" + command
-            if shim_runtime(target) is not None:
-                target.unlink()
-                out(f"{host_target}: removed")
-                changed = True
-            elif target.exists() or target.is_symlink():
-                out(f"{host_target}: left in place (not written by this installer)")
+            # the trampoline before the -shim it falls back to
+            for name in (command, command + SHIM_SUFFIX) if command in PLUGINS else (command,):
+                target = bin_dir / name
+                host_target = opts.cni_bin_dir.rstrip("/") + "/" + name
+                if written_by_us(target):
+                    target.unlink()
+                    out(f"{host_target}: removed")
+                    changed = True
+                elif target.exists() or target.is_symlink():
+                    out(f"{host_target}: left in place (not written by this installer)")
         changed |= _remove_temp_files(bin_dir)
         if changed:
             fsync_dir(bin_dir)
@@ -272,9 +283,12 @@ def status(opts: Options, out: Out = print) -> bool:
     ok = True
     for command in opts.commands:
         host_target = opts.cni_bin_dir.rstrip("/") + "/" + command
-        rt = shim_runtime(bin_dir / command)
+        trampoline = command in PLUGINS and is_trampoline(bin_dir / command)
+        rt = installed_runtime(bin_dir, command)
         if rt is None:
-            out(f"{host_target}: missing or not written by this installer")
+            out(f"{host_target}: the trampoline, but {host_target}{SHIM_SUFFIX} is missing or not "
+                "written by this installer" if trampoline
+                else f"{host_target}: missing or not written by this installer")
             ok = False
             continue
         try:
@@ -288,11 +302,17 @@ def status(opts: Options, out: Out = print) -> bool:
         if absent:
             out(f"{host_target}: its runtime {rt} lacks {', '.join(absent)}")
             ok = False
-        elif not os.access(bin_dir / command, os.X_OK):
+        elif not all(os.access(p, os.X_OK) for p in
+                     [bin_dir / command] + ([bin_dir / (command + SHIM_SUFFIX)] if trampoline else [])):
             out(f"{host_target}: not executable")
             ok = False
+        elif trampoline and (runtime.trampoline is None or (bin_dir / command).read_bytes()
+                             != (runtime.path / runtime.trampoline).read_bytes()):
+            out(f"{host_target}: a trampoline that is not its runtime {rt}'s")
+            ok = False
         else:
-            out(f"{host_target}: ok, tenantnet {runtime.version} from {rt}")
+            kind = " (compiled trampoline)" if trampoline else ""
+            out(f"{host_target}: ok{kind}, tenantnet {runtime.version} from {rt}")
     return ok
 
 

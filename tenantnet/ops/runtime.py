@@ -113,6 +113,12 @@ class Runtime:
         """Directory name on the host: readable, and different for every different build."""
         return f"{self.version}-{self.digest[:12]}"
 
+    @property
+    def trampoline(self) -> str | None:
+        """The compiled trampoline in the runtime (relative path), if the build had a compiler."""
+        value = self.manifest.get("trampoline")
+        return str(value) if value else None
+
     def entry(self, command: str) -> str:
         entries: dict[str, str] = self.manifest["entrypoints"]
         if command not in entries:
@@ -241,6 +247,52 @@ def shim_text(runtime: Runtime, host_runtime_path: str, command: str) -> str:
                                 python=m["python"], entry=runtime.entry(command))
 
 
+# The plugin executables, where the runtime has a compiled trampoline (trampoline/trampoline.c,
+# docs/agent.md): `<command>` is that static binary, and `<command>-shim` the script above,
+# which the trampoline execs for everything but the agent's fast path (it finds it in its own
+# directory). Without a trampoline `<command>` is the script too. The -shim is written first:
+# a trampoline is never in place without its fallback.
+SHIM_SUFFIX = "-shim"
+# A string only the trampoline binary holds (the variable it hands failures over in).
+TRAMPOLINE_MARK = b"TENANTNET_SHIM_FAILURE"
+MAX_TRAMPOLINE = 16 << 20
+
+
+def plugin_files(runtime: Runtime, host_runtime_path: str, command: str) -> list[tuple[str, bytes]]:
+    """(file name, content) the installer writes for `command`, in the order it writes them."""
+    script = shim_text(runtime, host_runtime_path, command).encode()
+    if command not in PLUGINS:
+        return [(command, script)]
+    main = (runtime.path / runtime.trampoline).read_bytes() if runtime.trampoline else script
+    return [(command + SHIM_SUFFIX, script), (command, main)]
+
+
+def is_trampoline(path: Path) -> bool:
+    """Whether `path` is a regular file holding the compiled trampoline (of any build)."""
+    try:
+        st = path.lstat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TRAMPOLINE:
+            return False
+        data = path.read_bytes()
+    except OSError:
+        return False
+    return data[:4] == b"\x7fELF" and TRAMPOLINE_MARK in data
+
+
+def written_by_us(path: Path) -> bool:
+    """A shim script or a trampoline this installer wrote (anything else is left alone)."""
+    return shim_runtime(path) is not None or is_trampoline(path)
+
+
+def installed_runtime(bin_dir: Path, command: str) -> str | None:
+    """The runtime path an installed `command` runs: its shim's, or for a trampoline, the
+    runtime its `-shim` names. None if it is not ours (or a trampoline without its -shim)."""
+    rt = shim_runtime(bin_dir / command)
+    if rt is None and command in PLUGINS and is_trampoline(bin_dir / command):
+        rt = shim_runtime(bin_dir / (command + SHIM_SUFFIX))
+    return rt
+
+
 VENV_LAUNCHER = """\
 #!{python} -IS
 # {command}: written by `make venv` for this checkout's venv. It starts as the installed
@@ -255,15 +307,18 @@ main()
 PLUGIN_ENTRIES = {"tenantnet": "tenantnet.entry.plugin", "tenantnet-ipam": "tenantnet.entry.ipam"}
 
 
-def write_venv_launchers(bin_dir: Path, root: Path,
-                         commands: tuple[str, ...] = ("tenantnet", "tenantnet-ipam")) -> None:
+def write_venv_launchers(bin_dir: Path, root: Path, commands: tuple[str, ...] = PLUGINS,
+                         suffix: str = "") -> None:
     """Replace pip's console scripts of the plugins in a development venv by lean launchers
-    (pip's start the interpreter with site, ≈ 12 ms more per exec here)."""
+    (pip's start the interpreter with site, ≈ 12 ms more per exec here). With `suffix`
+    "-shim" they are the Python fallback the compiled trampoline execs (`make venv` writes
+    both: `<command>-shim` always, `<command>` itself only when no C compiler built the
+    trampoline)."""
     python = bin_dir / "python"
     for command in commands:
-        text = VENV_LAUNCHER.format(python=python, root=str(root), command=command,
+        text = VENV_LAUNCHER.format(python=python, root=str(root), command=command + suffix,
                                     module=PLUGIN_ENTRIES[command])
-        atomic_write(bin_dir / command, text.encode(), SHIM_MODE)
+        atomic_write(bin_dir / (command + suffix), text.encode(), SHIM_MODE)
 
 
 def shim_runtime(path: Path) -> str | None:

@@ -167,6 +167,9 @@ class PluginRunner:
     extra_env: dict[str, str] = field(default_factory=dict)
     cleanups: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
     attempts: list[tuple[dict[str, Any], str, str]] = field(default_factory=list)
+    # What is exec'd: the venv's `tenantnet` (the trampoline when built); test_agent_protocol
+    # also runs its suite through the Python shim (`tenantnet-shim`).
+    executable: str = PLUGIN
 
     def conf(self, **overrides: Any) -> dict[str, Any]:
         base: dict[str, Any] = {
@@ -207,7 +210,7 @@ class PluginRunner:
         if env.get("CNI_COMMAND") == "ADD":
             self.attempts.append(({}, env.get("CNI_CONTAINERID", ""), env.get("CNI_IFNAME", "")))
         data = stdin.encode() if isinstance(stdin, str) else stdin
-        proc = subprocess.run([PLUGIN], input=data, env=env, capture_output=True, timeout=timeout,
+        proc = subprocess.run([self.executable], input=data, env=env, capture_output=True, timeout=timeout,
                               check=False)
         stdout = proc.stdout.decode()
         out = json.loads(stdout) if stdout.strip() else None

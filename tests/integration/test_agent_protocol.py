@@ -6,6 +6,9 @@ served by an agent this module starts, so every exec of the shim reaches the age
 after each test by the agent's own count). The original modules run the same tests
 in-process (no agent answers their node config's default socket), so each test now passes
 both ways or fails in one of them.
+
+And twice here: through the compiled trampoline (`tenantnet`, trampoline/trampoline.c) and
+through the Python shim it falls back to (`tenantnet-shim`), both against the same agent.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import pytest
 from tests.integration import test_bad_input, test_lifecycle, test_versions
 from tests.integration.conftest import Invocation, Lab, PluginRunner
 from tests.integration.test_agent import AgentProcess, agent_node_config, start_agent
+from tests.shimways import WAYS, executable
 
 for _module in (test_lifecycle, test_bad_input, test_versions):
     globals().update({name: obj for name, obj in vars(_module).items()
@@ -54,10 +58,10 @@ class AgentRunner(PluginRunner):
         return super().raw(env, stdin, timeout)
 
 
-@pytest.fixture
-def plugin(lab: Lab, served_by_agent: AgentProcess) -> Iterator[PluginRunner]:
+@pytest.fixture(params=WAYS)
+def plugin(request: pytest.FixtureRequest, lab: Lab, served_by_agent: AgentProcess) -> Iterator[PluginRunner]:
     runner = AgentRunner(replace(lab, node_config=served_by_agent.node_config),
-                         agent_config=str(served_by_agent.node_config))
+                         agent_config=str(served_by_agent.node_config), executable=executable(request.param))
     before = served_by_agent.served()
     yield runner
     for conf, cid, ifname in reversed(runner.cleanups):

@@ -36,9 +36,16 @@ PACKAGING = REPO / "packaging"
 # ------------------------------------------------------------------------------ helpers
 
 
-def make_fake_runtime(path: Path, version: str = "0.1.0", payload: str = "v1") -> rtmod.Runtime:
+# What the installer recognises a trampoline by: an ELF file with the trampoline's mark.
+FAKE_TRAMPOLINE = b"\x7fELF fake trampoline " + rtmod.TRAMPOLINE_MARK + b" "
+
+
+def make_fake_runtime(path: Path, version: str = "0.1.0", payload: str = "v1",
+                      trampoline: bool = False) -> rtmod.Runtime:
     """A runtime directory with a valid manifest (not runnable: for file-level tests)."""
     (path / "bin").mkdir(parents=True)
+    if trampoline:
+        (path / "bin" / "tenantnet-trampoline").write_bytes(FAKE_TRAMPOLINE + payload.encode())
     (path / "lib").mkdir()
     (path / "libexec").mkdir()
     (path / "bin" / "busybox").write_text("fake busybox " + payload)
@@ -57,6 +64,8 @@ def make_fake_runtime(path: Path, version: str = "0.1.0", payload: str = "v1") -
         "entrypoints": {c: f"libexec/{c}" for c in ("tenantnet", "tenantnet-ipam", "tenantnetctl")},
         "files": files,
     }
+    if trampoline:
+        manifest["trampoline"] = "bin/tenantnet-trampoline"
     (path / rtmod.MANIFEST).write_text(json.dumps(manifest))
     return rtmod.load_runtime(path)
 
@@ -120,6 +129,8 @@ def test_install_copies_runtime_and_writes_shims(host: Path, runtime: rtmod.Runt
         assert f'"{rt_host}/libexec/{command}"' in text
         assert str(host) not in text
         assert rtmod.shim_runtime(shim) == rt_host
+        # without a trampoline in the runtime, the -shim is the same script
+        assert (host / "opt/cni/bin" / f"{command}-shim").read_bytes() == shim.read_bytes()
     assert not (host / "opt/cni/bin/tenantnetctl").exists()   # plugins only, unless asked
     assert list((host / "etc/tenantnet").iterdir()) == []      # node config only when asked
     assert temp_leftovers(host) == []
@@ -273,7 +284,84 @@ def test_shims_come_after_the_runtime(host: Path, runtime: rtmod.Runtime,
 
     monkeypatch.setattr(install, "atomic_write", atomic_write)
     install.install(opts(host, runtime), lambda _: None)
-    assert checked == ["tenantnet", "tenantnet-ipam"]
+    assert checked == ["tenantnet-shim", "tenantnet", "tenantnet-ipam-shim", "tenantnet-ipam"]
+
+
+# ------------------------------------------------------------------------- the trampoline
+
+
+def test_a_runtime_with_a_trampoline_installs_it_in_front_of_the_shims(host: Path, tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    rt = make_fake_runtime(tmp_path / "t", trampoline=True)
+    real = rtmod.atomic_write
+    order: list[str] = []
+
+    def atomic_write(path: Path, data: bytes, mode: int) -> bool:
+        if path.name.endswith("-shim"):
+            assert rtmod.shim_runtime_text(data.decode()) == f"/opt/tenantnet/{rt.name}"
+        else:  # a trampoline only once its -shim is there
+            assert data.startswith(FAKE_TRAMPOLINE) and (path.parent / f"{path.name}-shim").is_file()
+        order.append(path.name)
+        return real(path, data, mode)
+
+    monkeypatch.setattr(install, "atomic_write", atomic_write)
+    lines: list[str] = []
+    assert install.install(opts(host, rt), lines.append) is True
+    assert order == ["tenantnet-shim", "tenantnet", "tenantnet-ipam-shim", "tenantnet-ipam"]
+    bin_dir = host / "opt/cni/bin"
+    for command in rtmod.PLUGINS:
+        assert (bin_dir / command).read_bytes() == (rt.path / "bin/tenantnet-trampoline").read_bytes()
+        assert stat.S_IMODE((bin_dir / command).stat().st_mode) == 0o755
+        assert rtmod.installed_runtime(bin_dir, command) == f"/opt/tenantnet/{rt.name}"
+    assert any("/opt/cni/bin/tenantnet: written (the compiled trampoline)" in line for line in lines)
+    lines.clear()
+    assert install.status(opts(host, rt), lines.append) is True
+    assert lines[0] == f"/opt/cni/bin/tenantnet: ok (compiled trampoline), tenantnet 0.1.0 from /opt/tenantnet/{rt.name}"
+    assert install.install(opts(host, rt), lambda _: None) is False  # idempotent
+
+
+def test_status_of_a_trampoline_without_its_shim_or_of_another_build(host: Path, tmp_path: Path) -> None:
+    rt = make_fake_runtime(tmp_path / "t", trampoline=True)
+    install.install(opts(host, rt), lambda _: None)
+    bin_dir = host / "opt/cni/bin"
+    (bin_dir / "tenantnet-ipam").write_bytes(FAKE_TRAMPOLINE + b"another build")
+    (bin_dir / "tenantnet-shim").unlink()
+    lines: list[str] = []
+    assert install.status(opts(host, rt), lines.append) is False
+    assert lines == ["/opt/cni/bin/tenantnet: the trampoline, but /opt/cni/bin/tenantnet-shim is missing or "
+                     "not written by this installer",
+                     f"/opt/cni/bin/tenantnet-ipam: a trampoline that is not its runtime /opt/tenantnet/{rt.name}'s"]
+    install.install(opts(host, rt), lambda _: None)  # repairs both
+    assert install.status(opts(host, rt), lambda _: None) is True
+
+
+def test_upgrade_from_shims_to_a_trampoline_and_back(host: Path, tmp_path: Path) -> None:
+    plain = make_fake_runtime(tmp_path / "p", "0.1.0", "plain")
+    compiled = make_fake_runtime(tmp_path / "c", "0.2.0", "compiled", trampoline=True)
+    bin_dir = host / "opt/cni/bin"
+    install.install(opts(host, plain), lambda _: None)
+    lines: list[str] = []
+    install.install(opts(host, compiled), lines.append)
+    assert rtmod.is_trampoline(bin_dir / "tenantnet") and "(replaced a file not written" not in "".join(lines)
+    install.install(opts(host, plain), lines.append)
+    assert rtmod.shim_runtime(bin_dir / "tenantnet") == f"/opt/tenantnet/{plain.name}"
+    # the trampoline's runtime was the one in use before: kept, as for shims
+    assert sorted(p.name for p in (host / "opt/tenantnet").iterdir()) == sorted([plain.name, compiled.name])
+
+
+def test_uninstall_removes_the_trampoline_and_its_shims(host: Path, tmp_path: Path) -> None:
+    rt = make_fake_runtime(tmp_path / "t", trampoline=True)
+    before = snapshot(host)
+    install.install(opts(host, rt), lambda _: None)
+    lines: list[str] = []
+    assert install.uninstall(opts(host, rt), lines.append) is True
+    assert snapshot(host) == before
+    assert lines[:2] == ["/opt/cni/bin/tenantnet: removed", "/opt/cni/bin/tenantnet-shim: removed"]
+    # a foreign ELF (another plugin of that name) is never taken for ours
+    (host / "opt/cni/bin/tenantnet").write_bytes(b"\x7fELF someone else's tenantnet")
+    install.uninstall(opts(host, rt), lines.append)
+    assert (host / "opt/cni/bin/tenantnet").exists()
+    assert "/opt/cni/bin/tenantnet: left in place (not written by this installer)" in lines
 
 
 # ------------------------------------------------------------------- upgrade, uninstall
@@ -460,6 +548,11 @@ def _run_version(exe: Path) -> subprocess.CompletedProcess[str]:
 
 def test_built_runtime_is_complete(real_runtime: rtmod.Runtime) -> None:
     m = real_runtime.manifest
+    # the build system has a C compiler and a static libc (make test installs them): the
+    # runtime carries the static trampoline, and the installer recognises it
+    assert m.get("trampoline") == "bin/tenantnet-trampoline", "no trampoline built: gcc/libc6-dev missing?"
+    trampoline = real_runtime.path / m["trampoline"]
+    assert build_runtime.elf_interpreter(trampoline) is None and rtmod.is_trampoline(trampoline)
     assert rtmod.verify(real_runtime)
     lib = real_runtime.path / "lib"
     for name in ("libc.so.6", "libgcc_s.so.1", "librt.so.1", Path(m["loader"]).name):
@@ -482,10 +575,12 @@ def test_installed_shims_exec_the_copied_runtime(real_runtime: rtmod.Runtime, ho
     real_runtime.path.rename(moved)
     try:
         for command in rtmod.PLUGINS:
-            proc = _run_version(bin_dir / command)
-            assert proc.returncode == 0, proc.stderr
-            assert json.loads(proc.stdout) == cniversion.version_info()
-            assert proc.stderr == ""
+            assert rtmod.is_trampoline(bin_dir / command)
+            for exe in (bin_dir / command, bin_dir / f"{command}-shim"):  # no agent: via the -shim
+                proc = _run_version(exe)
+                assert proc.returncode == 0, proc.stderr
+                assert json.loads(proc.stdout) == cniversion.version_info()
+                assert proc.stderr == ""
     finally:
         moved.rename(real_runtime.path)
     # running it wrote nothing into the runtime (-B): its digest still holds
@@ -614,4 +709,7 @@ def test_containerfile_builds_the_runtime_and_launchers() -> None:
     assert "debian:12" in text
     assert "busybox-static" in text and "openvswitch-switch" in text and "iproute2" in text
     assert "packaging/build_runtime.py" in text and "--launchers /usr/local/bin" in text
+    # the trampoline's source goes into the build stage (which has gcc), its -shims into the image
+    assert "COPY trampoline/ trampoline/" in text and "gcc libc6-dev" in text
+    assert "/usr/local/bin/tenantnet-shim" in text and "/usr/local/bin/tenantnet-ipam-shim" in text
     assert 'ENTRYPOINT ["/usr/local/bin/tenantnet-install"]' in text

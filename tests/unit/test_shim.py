@@ -1,5 +1,7 @@
 """The stdlib-only shim: what it imports, how it finds the agent, its protocol, and how it
-gives up — against a stub agent in this process (no root, no lab)."""
+gives up — against a stub agent in this process (no root, no lab). The tests that exec the
+plugin run both ways in: through the compiled trampoline and through the Python shim
+(tests/shimways.py); tests/unit/test_trampoline.py compares the two byte for byte."""
 
 from __future__ import annotations
 
@@ -17,8 +19,7 @@ import pytest
 from cni import version as cniversion
 from tenantnet.entry import shim
 from tenantnet.plugin import nodepath
-
-BIN = Path(sys.executable).parent
+from tests.shimways import WAYS, executable
 
 
 class StubAgent:
@@ -86,10 +87,17 @@ def node_config(tmp_path: Path, socket_line: str | None) -> Path:
     return path
 
 
-def run_shim(cmd: str, env: dict[str, str], stdin: bytes, timeout: float = 20) -> subprocess.CompletedProcess:
+def run_shim(cmd: str, env: dict[str, str], stdin: bytes, timeout: float = 20, way: str = "trampoline"
+             ) -> subprocess.CompletedProcess:
     base = {"PATH": "/usr/bin:/bin"}
-    return subprocess.run([str(BIN / cmd)], input=stdin, env={**base, **env}, capture_output=True,
+    return subprocess.run([executable(way, cmd)], input=stdin, env={**base, **env}, capture_output=True,
                           timeout=timeout, check=False)
+
+
+@pytest.fixture(params=WAYS)
+def way(request: pytest.FixtureRequest) -> str:
+    """The trampoline, or the Python shim it falls back to."""
+    return str(request.param)
 
 
 # ---- what the fast path imports --------------------------------------------------------------
@@ -184,39 +192,39 @@ def test_request_and_response_frames_round_trip_any_bytes():
         shim.decode_request(b"other/1\0x\x001\x000\0")
 
 
-def test_shim_forwards_env_and_stdin_and_prints_the_answer_verbatim(tmp_path, stub):
+def test_shim_forwards_env_and_stdin_and_prints_the_answer_verbatim(tmp_path, stub, way):
     agent = stub("answer", stub_out=b'{"cniVersion": "1.0.0"}\n', code=1, err=b"a warning\n")
     conf = node_config(tmp_path, f"agentSocket: {agent.path}")
     stdin = b'{"cniVersion": "1.0.0", "name": "n"}'
     proc = run_shim("tenantnet", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "ADD",
-                                  "CNI_CONTAINERID": "c1"}, stdin)
+                                  "CNI_CONTAINERID": "c1"}, stdin, way=way)
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, b'{"cniVersion": "1.0.0"}\n', b"a warning\n")
     plugin, env, got_stdin, deadline = agent.requests[0]
     assert plugin == "tenantnet" and got_stdin == stdin
     assert 0 < deadline - time.monotonic() <= shim.DEFAULT_TIMEOUT
     assert env[b"CNI_CONTAINERID"] == b"c1" and env[b"TENANTNET_CONFIG"] == str(conf).encode()
-    run_shim("tenantnet-ipam", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "DEL"}, stdin)
+    run_shim("tenantnet-ipam", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "DEL"}, stdin, way=way)
     assert agent.requests[1][0] == "tenantnet-ipam"
 
 
 # ---- giving up -------------------------------------------------------------------------------
 
-def test_stalled_agent_gives_code_11_after_the_time_out(tmp_path, stub):
+def test_stalled_agent_gives_code_11_after_the_time_out(tmp_path, stub, way):
     agent = stub("stall")
     conf = node_config(tmp_path, f"agentSocket: {agent.path}")
     started = time.monotonic()
     proc = run_shim("tenantnet", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "ADD",
-                                  "TENANTNET_AGENT_TIMEOUT": "0.5"}, b'{"cniVersion": "0.4.0"}')
+                                  "TENANTNET_AGENT_TIMEOUT": "0.5"}, b'{"cniVersion": "0.4.0"}', way=way)
     elapsed = time.monotonic() - started
     err = json.loads(proc.stdout)
     assert proc.returncode == 1 and err["code"] == 11 and err["cniVersion"] == "0.4.0"
-    assert "did not answer within 0.5s" in err["msg"] and elapsed < 5
+    assert "did not answer within 0.5s" in err["msg"] and 0.5 <= elapsed < 5
 
 
-def test_agent_vanishing_mid_request_gives_code_11(tmp_path, stub):
+def test_agent_vanishing_mid_request_gives_code_11(tmp_path, stub, way):
     agent = stub("vanish")
     conf = node_config(tmp_path, f"agentSocket: {agent.path}")
-    proc = run_shim("tenantnet", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "DEL"}, b"{}")
+    proc = run_shim("tenantnet", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "DEL"}, b"{}", way=way)
     err = json.loads(proc.stdout)
     assert proc.returncode == 1 and err["code"] == 11 and err["cniVersion"] == "1.1.0"
     assert "went away" in err["msg"]
@@ -225,27 +233,27 @@ def test_agent_vanishing_mid_request_gives_code_11(tmp_path, stub):
 # ---- no agent: in-process, same answers ------------------------------------------------------
 
 @pytest.mark.parametrize("stale_socket", [False, True])
-def test_no_agent_runs_in_process(tmp_path, stale_socket):
+def test_no_agent_runs_in_process(tmp_path, stale_socket, way):
     sock_path = tmp_path / "agent.sock"
     if stale_socket:  # a socket file nobody listens on (a SIGKILLed agent's)
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.bind(str(sock_path))
         s.close()
     conf = node_config(tmp_path, f"agentSocket: {sock_path}")
-    proc = run_shim("tenantnet", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "VERSION"}, b"")
+    proc = run_shim("tenantnet", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "VERSION"}, b"", way=way)
     assert proc.returncode == 0
     assert json.loads(proc.stdout) == cniversion.version_info()
     proc = run_shim("tenantnet-ipam", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "DEL"},
-                    b'{"cniVersion": "1.0.0"}')
+                    b'{"cniVersion": "1.0.0"}', way=way)
     assert proc.returncode == 1 and proc.stdout == (
         b'{"cniVersion": "1.0.0", "code": 4, "msg": "missing environment variable CNI_CONTAINERID '
         b'(required for DEL)"}\n')
 
 
-def test_status_reports_a_declared_agent_that_is_missing(tmp_path):
+def test_status_reports_a_declared_agent_that_is_missing(tmp_path, way):
     conf = node_config(tmp_path, f"agentSocket: {tmp_path}/nothing/agent.sock")
     proc = run_shim("tenantnet", {"TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "STATUS"},
-                    b'{"cniVersion": "1.1.0", "name": "n", "type": "tenantnet"}')
+                    b'{"cniVersion": "1.1.0", "name": "n", "type": "tenantnet"}', way=way)
     err = json.loads(proc.stdout)
     assert proc.returncode == 1 and err["code"] == 50 and "agent" in err["msg"]
 
