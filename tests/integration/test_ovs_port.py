@@ -1,9 +1,10 @@
 """The OVS port of an `ovs` attachment: `ovsWait` (ADD returns once ovs-vswitchd applied the
-port) and a host end without IPv6 addresses."""
+port) and a host end without IPv6."""
 
 from __future__ import annotations
 
 import json
+import subprocess
 import uuid
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,11 @@ def test_host_end_has_no_ipv6_address(lab: Any, plugin: Any, netns_factory: Any,
     host = host_ifname(cid, "net1")
     # A switch port needs no address; one would add the host's own IPv6 chatter to the VLAN.
     assert Path(f"/proc/sys/net/ipv6/conf/{host}/addr_gen_mode").read_text().strip() == "1"
+    # Nor IPv6 at all: its multicast route alone makes ovs-vswitchd re-read the host's
+    # routes and addresses on every new port.
+    assert Path(f"/proc/sys/net/ipv6/conf/{host}/disable_ipv6").read_text().strip() == "1"
+    assert host not in subprocess.run(["ip", "-6", "route", "show", "table", "all"], capture_output=True,
+                                      text=True, check=True).stdout
     assert not Path("/proc/net/if_inet6").read_text().count(f" {host}\n")
     assert plugin.call("DEL", plugin.conf(), cid, ns.path).code == 0
 

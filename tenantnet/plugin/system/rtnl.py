@@ -38,6 +38,7 @@ NLA_F_NESTED = 0x8000
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_NET_NS_PID, IFLA_NET_NS_FD = 1, 3, 4, 18, 19, 28
 IFLA_AF_SPEC, IFLA_INET6_ADDR_GEN_MODE, IN6_ADDR_GEN_MODE_NONE = 26, 8, 1
 IFLA_IFALIAS = 20
+IFLA_GROUP = 27
 IFLA_INFO_KIND, IFLA_INFO_DATA = 1, 2
 VETH_INFO_PEER = 1
 IFF_UP = 0x1
@@ -190,6 +191,22 @@ class Rtnl:
             raise
         return True
 
+    def set_group(self, name: str, group: int) -> bool:
+        """Put the link called `name` in link group `group`; False if there is no such link."""
+        try:
+            self._ack(RTM_SETLINK, 0, _IFINFOMSG.pack(0, 0, 0, 0, 0) + _nla(IFLA_IFNAME, _name(name))
+                      + _nla(IFLA_GROUP, _u32(group)))
+        except RtnlError as exc:
+            if exc.errno in (errno.ENODEV, errno.ENOENT):
+                return False
+            raise
+        return True
+
+    def delete_group(self, group: int) -> None:
+        """Delete every link of link group `group` in one unregistration: the kernel waits
+        for RCU once for all of them (linux/rtnetlink.c, rtnl_group_dellink)."""
+        self._ack(RTM_DELLINK, 0, _IFINFOMSG.pack(0, 0, 0, 0, 0) + _nla(IFLA_GROUP, _u32(group)))
+
     def links(self) -> list[Link]:
         """Every link of the namespace (a dump: for GC, not for the hot path)."""
         return [_link(body) for kind, body in
@@ -197,10 +214,11 @@ class Rtnl:
 
     def create_veth(self, name: str, peer: str, peer_netns_fd: int, *, mtu: int | None = None,
                     peer_mac: str | None = None, up: bool = True, ipv6_link_local: bool = True,
-                    alias: str | None = None) -> None:
+                    alias: str | None = None) -> int | None:
         """A veth pair `name` (here) ↔ `peer`, the peer created directly in the namespace
-        of `peer_netns_fd`. Without `ipv6_link_local`, `name` never gets an IPv6 address
-        (addr_gen_mode none, set before it comes up)."""
+        of `peer_netns_fd`; returns the index of `name` when it had to be looked up (always
+        without `ipv6_link_local`), else None. Without `ipv6_link_local`, `name` never gets
+        an IPv6 address (addr_gen_mode none, set before it comes up)."""
         if not ipv6_link_local:
             self.create_veth(name, peer, peer_netns_fd, mtu=mtu, peer_mac=peer_mac, up=False)
             link = self.link(name)
@@ -214,7 +232,7 @@ class Rtnl:
                       + _nest(IFLA_AF_SPEC, _nest(socket.AF_INET6, no_addresses)))
             if up:
                 self.set_link(link.index, up=True)
-            return
+            return link.index
         peer_attrs = [_nla(IFLA_IFNAME, _name(peer)), _nla(IFLA_NET_NS_FD, _u32(peer_netns_fd))]
         own = [_nla(IFLA_IFNAME, _name(name))]
         if mtu:
@@ -228,11 +246,13 @@ class Rtnl:
         flags = IFF_UP if up else 0  # applied at creation, as `ip link add … up` does
         self._ack(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL,
                   _IFINFOMSG.pack(0, 0, 0, flags, flags) + b"".join(own) + info)
-        if alias:  # the kernel ignores IFLA_IFALIAS in a NEWLINK
-            created = self.link(name)
-            if created is None:
-                raise RtnlError(errno.ENODEV, f"{name} vanished right after it was created")
-            self.set_link(created.index, alias=alias)
+        if not alias:
+            return None
+        created = self.link(name)  # the kernel ignores IFLA_IFALIAS in a NEWLINK
+        if created is None:
+            raise RtnlError(errno.ENODEV, f"{name} vanished right after it was created")
+        self.set_link(created.index, alias=alias)
+        return created.index
 
     def set_link(self, index: int, *, up: bool | None = None, name: str | None = None,
                  mac: str | None = None, mtu: int | None = None, netns_fd: int | None = None,
