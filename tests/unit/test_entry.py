@@ -80,3 +80,25 @@ def test_the_plugins_environment_has_no_rich():
     proc = subprocess.run([sys.executable, "-c", "import sys, structlog; print('rich' in sys.modules)"],
                           capture_output=True, text=True, check=True)
     assert proc.stdout.strip() == "False"
+
+
+def test_the_in_process_ovs_path_imports_neither_ovsdbapp_nor_pyroute2(tmp_path):
+    """What an in-process `ovs` ADD/DEL imports (the plugin, mode ovs's driver, the one-shot
+    OVSDB client, a flat node config): no ovsdbapp, no pyroute2, no PyYAML. The real ADD is
+    checked in tests/integration/test_ovsdb_direct.py."""
+    node = tmp_path / "node.yaml"
+    node.write_text(f"ovsdb: unix:{tmp_path}/db.sock\nstateDir: {tmp_path}/state\nlogLevel: info\n")
+    probe = (
+        "import sys\n"
+        "from tenantnet.entry import plugin\n"
+        "from tenantnet.plugin import core, modes, nodeconfig\n"
+        "from tenantnet.plugin.drivers import ovs, ovsport\n"
+        "from tenantnet.plugin.system import ovsdb, ovsdb_direct\n"
+        "ovsdb_direct.install()\n"
+        f"node = nodeconfig.load({str(node)!r})\n"
+        "modes.for_mode('ovs', node)\n"
+        "assert type(ovsport.ovsdb_for(node)) is ovsdb_direct.DirectOvsdb\n"
+        "print(sorted(m for m in ('pyroute2', 'ovsdbapp', 'ovs', 'yaml') if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]"
