@@ -80,15 +80,14 @@ STDLIB_EXCLUDE_FILE = re.compile(
     r"|nis|ossaudiodev|readline|_tkinter)\.cpython-[^/]*\.so)$"
 )
 # Libraries loaded with dlopen(), which ldd cannot see, added by name: glibc loads libgcc_s
-# for unwinding on pthread_exit/cancel (Python threads exit that way); the `ovs` package
-# loads librt.so.1 through ctypes (ovs/timeval.py).
-DLOPENED = ("libgcc_s.so.1", "librt.so.1")
+# for unwinding on pthread_exit/cancel (Python threads exit that way).
+DLOPENED = ("libgcc_s.so.1",)
 
 # Imported by the self-check under the bundled runtime: every shared object they load must
 # come from the runtime. Catches a dlopen() nobody listed in DLOPENED before it ships.
 SELF_CHECK_IMPORTS = (
     "ssl", "sqlite3", "hashlib", "lzma", "bz2", "zlib", "ctypes", "uuid", "decimal", "json",
-    "yaml", "structlog", "pyroute2", "ovs.json", "ovs.timeval", "ovsdbapp.backend.ovs_idl",
+    "yaml", "structlog", "pyroute2",
     "cni.skel", "ipam.plugin", "tenantnet.entry.ipam", "tenantnet.entry.plugin", "tenantnet.plugin.core",
     "tenantnet.ops.ctl", "tenantnet.ops.install", "tenantnet.plugin.system.netns",
     "tenantnet.plugin.system.ovsdb",

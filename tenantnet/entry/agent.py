@@ -196,7 +196,7 @@ class Agent:
 
         try:
             node = self._node(self.node_config)
-            ovsport.ovsdb_for(node).api  # noqa: B018 - connects
+            ovsport.ovsdb_for(node).other_config()  # connects
         except Exception as exc:  # not fatal: the first request retries and reports it
             self.log.warning("agent.ovsdb_unavailable", error=str(exc))
 

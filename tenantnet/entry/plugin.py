@@ -136,11 +136,6 @@ def _node_log_target(node: Callable[[], NodeConfig]) -> None:
 def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
     """One CNI call in this process (the shim's fallback when no agent answers)."""
     from tenantnet.plugin import nodeconfig
-    from tenantnet.plugin.system import ovsdb_direct
-
-    # A one-shot exec makes a few OVSDB requests and exits: plain `transact` requests
-    # instead of ovsdbapp's schema fetch and replica sync (docs/agent.md).
-    ovsdb_direct.install()
 
     refused = refuse_delegated(environ, stdin)
     if refused is not None:

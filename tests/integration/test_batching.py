@@ -101,15 +101,17 @@ def test_a_lone_deletion_is_a_plain_one(veths: Any, monkeypatch: pytest.MonkeyPa
 
 def test_concurrent_port_changes_commit_together(lab: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     db = ovsdb.connect(lab.ovsdb)
-    sizes: list[int] = []
-    real = ovsdb.Ovsdb._transact
+    sizes: list[int] = []  # per write transaction: the rows it inserts
+    real = ovsdb.Ovsdb._rpc_ops
 
-    def counted(self: ovsdb.Ovsdb, commands: list[Any], wait: bool) -> Any:
-        sizes.append(len(commands))
-        time.sleep(0.02)  # a slow round trip: the others arrive while this one is in flight
-        return real(self, commands, wait)
+    def counted(self: ovsdb.Ovsdb, what: str, ops: list[Any]) -> Any:
+        inserts = sum(op["op"] == "insert" for op in ops)
+        if inserts:
+            sizes.append(inserts)
+            time.sleep(0.02)  # a slow round trip: the others arrive while this one is in flight
+        return real(self, what, ops)
 
-    monkeypatch.setattr(ovsdb.Ovsdb, "_transact", counted)
+    monkeypatch.setattr(ovsdb.Ovsdb, "_rpc_ops", counted)
     tag = uuid.uuid4().hex[:6]
     names = [f"tng{tag}{i:02d}" for i in range(12)]
     barrier = threading.Barrier(len(names))
@@ -130,13 +132,13 @@ def test_concurrent_port_changes_commit_together(lab: Any, monkeypatch: pytest.M
         for t in threads:
             t.join()
         assert errors == []
-        # Three commands per port; fewer transactions than ports, at least one carrying many.
-        assert sum(sizes) == 3 * len(names) and len(sizes) < len(names) and max(sizes) >= 9, sizes
+        # Two rows per port (Port, Interface); fewer transactions than ports, one carrying many.
+        assert sum(sizes) == 2 * len(names) and len(sizes) < len(names) and max(sizes) >= 6, sizes
         for i, name in enumerate(names):
             state = db.port(name)
             assert state is not None and state.owned and state.tag == 100 + i and state.bridge == lab.bridge
     finally:
-        monkeypatch.setattr(ovsdb.Ovsdb, "_transact", real)
+        monkeypatch.setattr(ovsdb.Ovsdb, "_rpc_ops", real)
         for name in names:
             db.delete_port(name)
     assert all(db.port(n) is None for n in names)
@@ -151,15 +153,17 @@ def test_a_refused_change_fails_only_its_own_caller(lab: Any, monkeypatch: pytes
     ours = [f"tno{tag}{i}" for i in range(6)]
     for name in ours:
         db.add_port(ovsdb.PortSpec(bridge=lab.bridge, name=name))
-    real = ovsdb.Ovsdb._transact
-    sizes: list[int] = []
+    real = ovsdb.Ovsdb._rpc_ops
+    sizes: list[int] = []  # per write transaction: the rows it deletes
 
-    def slow(self: ovsdb.Ovsdb, commands: list[Any], wait: bool) -> Any:
-        sizes.append(len(commands))
-        time.sleep(0.02)
-        return real(self, commands, wait)
+    def slow(self: ovsdb.Ovsdb, what: str, ops: list[Any]) -> Any:
+        deletes = sum(op["op"] == "delete" and op["table"] == "Port" for op in ops)
+        if deletes:
+            sizes.append(deletes)
+            time.sleep(0.02)
+        return real(self, what, ops)
 
-    monkeypatch.setattr(ovsdb.Ovsdb, "_transact", slow)
+    monkeypatch.setattr(ovsdb.Ovsdb, "_rpc_ops", slow)
     outcome: dict[str, Any] = {}
     barrier = threading.Barrier(len(ours) + 1)
 
@@ -182,7 +186,52 @@ def test_a_refused_change_fails_only_its_own_caller(lab: Any, monkeypatch: pytes
         assert foreign in lab.vsctl("list-ports", lab.bridge).split()
         assert not set(ours) & set(lab.vsctl("list-ports", lab.bridge).split())
     finally:
-        monkeypatch.setattr(ovsdb.Ovsdb, "_transact", real)
+        monkeypatch.setattr(ovsdb.Ovsdb, "_rpc_ops", real)
         lab.vsctl("--if-exists", "del-port", foreign)
         for name in ours:
             db.delete_port(name)
+
+
+def test_a_write_failing_inside_a_group_fails_alone(lab: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A transaction of several writes fails as a whole when one of them fails in it (here:
+    the port it guards does not exist); the others are then committed one by one."""
+    db = ovsdb.connect(lab.ovsdb)
+    tag = uuid.uuid4().hex[:6]
+    present = f"tnt{tag}"
+    db.add_port(ovsdb.PortSpec(bridge=lab.bridge, name=present))
+    real = ovsdb.Ovsdb._rpc_ops
+    grouped: list[str] = []
+
+    def slow(self: ovsdb.Ovsdb, what: str, ops: list[Any]) -> Any:
+        if any(op["op"] == "update" for op in ops):
+            grouped.append(what)
+            time.sleep(0.02)
+        return real(self, what, ops)
+
+    monkeypatch.setattr(ovsdb.Ovsdb, "_rpc_ops", slow)
+    outcome: dict[str, Any] = {}
+    barrier = threading.Barrier(3)
+
+    def retag(name: str, vlan: int) -> None:
+        barrier.wait()
+        time.sleep(0.005 if name == present else 0)
+        try:
+            db.set_port_tag(name, vlan)
+            outcome[name] = True
+        except ovsdb.OvsdbFailure as exc:
+            outcome[name] = exc
+
+    names = [f"tnmissing{tag}", present, f"tnmissing2{tag}"]
+    threads = [threading.Thread(target=retag, args=(n, 40 + i)) for i, n in enumerate(names)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert any(w.endswith("port changes") for w in grouped), grouped  # they met in one
+        assert outcome[present] is True and lab.vsctl("get", "Port", present, "tag").strip() == "41"
+        for missing in (names[0], names[2]):
+            assert isinstance(outcome[missing], ovsdb.OvsdbFailure) and "no such port" in str(outcome[missing])
+    finally:
+        monkeypatch.setattr(ovsdb.Ovsdb, "_rpc_ops", real)
+        db.delete_port(present)

@@ -46,7 +46,7 @@ def test_host_end_has_no_ipv6_address(lab: Any, plugin: Any, netns_factory: Any,
 
 
 def test_two_ovsdb_endpoints_in_one_process_stay_apart(lab: Any, nic_lab: Any) -> None:
-    """ovsdbapp keeps its connection on the API class; each endpoint must get its own."""
+    """Each endpoint gets a handle (and a connection) of its own."""
     from tenantnet.plugin.system import ovsdb
 
     plain, nic = ovsdb.connect(lab.ovsdb), ovsdb.connect(nic_lab.ovsdb)

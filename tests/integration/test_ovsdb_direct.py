@@ -1,5 +1,6 @@
-"""The one-shot OVSDB client (tenantnet/plugin/system/ovsdb_direct.py) against the lab's real
-ovsdb-server, compared with what ovs-vsctl sees; and against sockets that are not OVSDB."""
+"""The OVSDB client (tenantnet/plugin/system/ovsdb.py: plain `transact` requests) against the
+lab's real ovsdb-server, compared with what ovs-vsctl sees; and against sockets that are not
+OVSDB."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from typing import Any
 import pytest
 
 from tenantnet.plugin.system import ovsdb
-from tenantnet.plugin.system.ovsdb_direct import DirectOvsdb
 
 IDS = {ovsdb.OWNER_CONTAINER: "c-direct", ovsdb.OWNER_IFNAME: "net1", "tenantnet-network": "n1"}
 
@@ -31,8 +31,8 @@ def _ids(lab: Any, table: str, name: str) -> dict[str, str]:
 
 
 @pytest.fixture
-def db(lab: Any) -> Iterator[DirectOvsdb]:
-    handle = DirectOvsdb(lab.ovsdb, timeout=5)
+def db(lab: Any) -> Iterator[ovsdb.Ovsdb]:
+    handle = ovsdb.Ovsdb(lab.ovsdb, timeout=5)
     yield handle
     handle.close()
 
@@ -44,7 +44,7 @@ def port_name(lab: Any) -> Iterator[str]:
     lab.vsctl("--if-exists", "del-port", name)
 
 
-def test_add_port_writes_one_owned_port_with_vlan_mtu_and_identity(lab: Any, db: DirectOvsdb,
+def test_add_port_writes_one_owned_port_with_vlan_mtu_and_identity(lab: Any, db: ovsdb.Ovsdb,
                                                                    port_name: str) -> None:
     assert db.bridge_exists(lab.bridge) and not db.bridge_exists("br-nowhere")
     db.add_port(ovsdb.PortSpec(bridge=lab.bridge, name=port_name, tag=100, trunks=[20, 10], mtu=1400,
@@ -72,7 +72,7 @@ def test_add_port_writes_one_owned_port_with_vlan_mtu_and_identity(lab: Any, db:
     assert db.delete_port(port_name) is False  # gone: nothing to do, no error
 
 
-def test_add_port_reuses_an_existing_port_and_merges_external_ids(lab: Any, db: DirectOvsdb,
+def test_add_port_reuses_an_existing_port_and_merges_external_ids(lab: Any, db: ovsdb.Ovsdb,
                                                                   port_name: str) -> None:
     lab.vsctl("add-port", lab.bridge, port_name, "--", "set", "Port", port_name, "external_ids:keep=1")
     db.add_port(ovsdb.PortSpec(bridge=lab.bridge, name=port_name, tag=7, external_ids=IDS))
@@ -82,13 +82,13 @@ def test_add_port_reuses_an_existing_port_and_merges_external_ids(lab: Any, db: 
     assert _ids(lab, "Interface", port_name) == {ovsdb.OWNER_KEY: ovsdb.OWNER, **IDS}
 
 
-def test_missing_bridge_fails_and_writes_nothing(lab: Any, db: DirectOvsdb, port_name: str) -> None:
+def test_missing_bridge_fails_and_writes_nothing(lab: Any, db: ovsdb.Ovsdb, port_name: str) -> None:
     with pytest.raises(ovsdb.BridgeNotFound, match="bridge 'br-nowhere' does not exist in OVSDB"):
         db.add_port(ovsdb.PortSpec(bridge="br-nowhere", name=port_name, external_ids=IDS))
     assert not lab.vsctl("--columns=name", "find", "Port", f"name={port_name}").strip()
 
 
-def test_bridge_removed_between_read_and_write_fails_the_transaction(lab: Any, db: DirectOvsdb,
+def test_bridge_removed_between_read_and_write_fails_the_transaction(lab: Any, db: ovsdb.Ovsdb,
                                                                      port_name: str) -> None:
     bridge = "brd" + uuid.uuid4().hex[:6]
     lab.vsctl("add-br", bridge, "--", "set", "Bridge", bridge, "datapath_type=" +
@@ -112,20 +112,20 @@ def test_bridge_removed_between_read_and_write_fails_the_transaction(lab: Any, d
     assert not lab.vsctl("--columns=name", "find", "Interface", f"name={port_name}").strip()
 
 
-def test_a_port_not_ours_is_refused_and_left_alone(lab: Any, db: DirectOvsdb, port_name: str) -> None:
+def test_a_port_not_ours_is_refused_and_left_alone(lab: Any, db: ovsdb.Ovsdb, port_name: str) -> None:
     lab.vsctl("add-port", lab.bridge, port_name)
     with pytest.raises(ovsdb.OvsdbFailure, match=f"port {port_name} exists but is not owned by tenantnet"):
         db.delete_port(port_name)
     assert port_name in lab.vsctl("list-ports", lab.bridge).split()
 
 
-def test_another_attachments_port_is_left_alone(lab: Any, db: DirectOvsdb, port_name: str) -> None:
+def test_another_attachments_port_is_left_alone(lab: Any, db: ovsdb.Ovsdb, port_name: str) -> None:
     db.add_port(ovsdb.PortSpec(bridge=lab.bridge, name=port_name, external_ids=IDS))
     assert db.delete_port(port_name, owner=("c-other", "net1")) is False
     assert port_name in lab.vsctl("list-ports", lab.bridge).split()
 
 
-def test_a_port_that_changes_hands_during_delete_is_not_removed(lab: Any, db: DirectOvsdb,
+def test_a_port_that_changes_hands_during_delete_is_not_removed(lab: Any, db: ovsdb.Ovsdb,
                                                                 port_name: str) -> None:
     db.add_port(ovsdb.PortSpec(bridge=lab.bridge, name=port_name, external_ids=IDS))
     real = db._rpc_ops
@@ -148,7 +148,7 @@ def test_wait_vswitchd_returns_with_the_port_numbered(lab: Any, port_name: str) 
 
     subprocess.run(["ip", "link", "add", port_name, "type", "veth", "peer", "name", "tnp" + port_name[3:]],
                    check=True)  # a device for vswitchd to number
-    db = DirectOvsdb(lab.ovsdb, timeout=5, wait_vswitchd=True)
+    db = ovsdb.Ovsdb(lab.ovsdb, timeout=5, wait_vswitchd=True)
     try:
         db.add_port(ovsdb.PortSpec(bridge=lab.bridge, name=port_name, external_ids=IDS))
         state = db.port(port_name)  # read at once: vswitchd has applied the transaction
@@ -194,7 +194,7 @@ class Stub:
 
 def test_a_silent_server_times_out_within_ovsdb_timeout_as_unavailable() -> None:
     stub = Stub()
-    db = DirectOvsdb(f"unix:{stub.path}", timeout=0.5)
+    db = ovsdb.Ovsdb(f"unix:{stub.path}", timeout=0.5)
     try:
         start = time.monotonic()
         with pytest.raises(ovsdb.OvsdbUnavailable, match=r"did not answer within 0.5s \(ovsdbTimeout\)"):
@@ -208,7 +208,7 @@ def test_a_silent_server_times_out_within_ovsdb_timeout_as_unavailable() -> None
 @pytest.mark.parametrize("reply", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b"[1, 2]", b'{"id": 0' + b" " * 100])
 def test_a_server_that_is_not_ovsdb_is_unavailable_not_a_hang(reply: bytes) -> None:
     stub = Stub(reply)
-    db = DirectOvsdb(f"unix:{stub.path}", timeout=1)
+    db = ovsdb.Ovsdb(f"unix:{stub.path}", timeout=1)
     try:
         start = time.monotonic()
         with pytest.raises(ovsdb.OvsdbUnavailable):
@@ -220,26 +220,12 @@ def test_a_server_that_is_not_ovsdb_is_unavailable_not_a_hang(reply: bytes) -> N
 
 
 def test_no_server_is_unavailable_with_the_endpoint_named(tmp_path: Path) -> None:
-    db = DirectOvsdb(f"unix:{tmp_path}/nothing.sock", timeout=1)
+    db = ovsdb.Ovsdb(f"unix:{tmp_path}/nothing.sock", timeout=1)
     with pytest.raises(ovsdb.OvsdbUnavailable, match=f"cannot connect to OVSDB at unix:{tmp_path}/nothing.sock"):
         db.add_port(ovsdb.PortSpec(bridge="br-lab", name="tnx"))
 
 
-def test_connect_hands_out_the_installed_class(lab: Any) -> None:
-    from tenantnet.plugin.system import ovsdb_direct
-
-    saved = ovsdb._handle_class
-    ovsdb.close_all()
-    try:
-        ovsdb_direct.install()
-        assert type(ovsdb.connect(lab.ovsdb, 3, False)) is DirectOvsdb
-    finally:
-        ovsdb.close_all()
-        ovsdb.use_handle_class(saved)
-    assert type(ovsdb.connect(lab.ovsdb)) is ovsdb.Ovsdb
-
-
-def test_an_in_process_ovs_add_and_del_import_neither_ovsdbapp_nor_pyroute2(lab: Any, plugin: Any,
+def test_an_in_process_ovs_add_and_del_import_neither_pyroute2_nor_yaml(lab: Any, plugin: Any,
                                                                             netns_factory: Any,
                                                                             no_leftovers: None) -> None:
     import os
@@ -252,7 +238,7 @@ def test_an_in_process_ovs_add_and_del_import_neither_ovsdbapp_nor_pyroute2(lab:
         "import json, os, sys\n"
         "from tenantnet.entry import plugin\n"
         "code, out = plugin.run_in_process(os.environ, sys.stdin.buffer.read())\n"
-        "heavy = sorted(m for m in ('pyroute2', 'ovsdbapp', 'ovs', 'yaml') if m in sys.modules)\n"
+        "heavy = sorted(m for m in ('pyroute2', 'yaml') if m in sys.modules)\n"
         "print(json.dumps({'code': code, 'out': out, 'heavy': heavy}))\n"
     )
     for verb in ("ADD", "DEL"):
