@@ -1,4 +1,4 @@
-"""An 8-rail GPU pod's eight ADDs (then DELs) through the shim and agent on the lab's simulated
+"""An 8-rail GPU pod's eight ADDs (then DELs) through the trampoline and agent on the lab's simulated
 8-GPU / 8-NIC server, beside Debian's Go `host-device` doing the same eight moves, in one run.
 
 Variants, interleaved round by round (each round a fresh pod namespace, made and removed
@@ -99,7 +99,7 @@ def main() -> None:
     s = {k: summary(v) for k, v in times.items()}
     go_add, go_del = s["go-add"]["median"], s["go-del"]["median"]
     lines = [f"An 8-rail pod's 8 ADDs, then its 8 DELs, one after another (ms for all eight), "
-             f"{args.rounds} pods per variant, interleaved; through the shim and agent on the lab's "
+             f"{args.rounds} pods per variant, interleaved; through the trampoline and agent on the lab's "
              "simulated 8-GPU / 8-NIC server (a simulation: VFs are veths, RDMA devices and the kubelet "
              "are simulated). No IPAM.", "",
              "| variant | 8 ADDs median | p90 | 8 DELs median | p90 | ADD ratio to Go | DEL ratio to Go |",

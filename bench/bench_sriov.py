@@ -1,6 +1,6 @@
 """ADD/DEL latency per VF attachment: tenantnet mode `sriov` on the lab's simulated NIC beside
 Debian's Go `host-device` plugin moving a comparable netdev, in the same run: through the
-shim + agent (with tenantnet-ipam in the agent, and with Go host-local exec'd), and
+trampoline + agent (with tenantnet-ipam in the agent, and with Go host-local exec'd), and
 in-process (no agent).
 
 Both move an existing host netdev into the pod netns (the costly part, ≈ 19 ms on this
@@ -82,9 +82,10 @@ def main() -> None:
     def rows(who: str) -> list[tuple[str, dict, dict]]:
         return [("ADD", s[f"{who}-add"], s["go-add"]), ("DEL", s[f"{who}-del"], s["go-del"])]
 
+    ours = "tenantnet `sriov` (lab VF), trampoline+agent"
     lines = [machine_line(args.count, "attachments per plugin"), "",
-             *table(rows("own"), "tenantnet `sriov` (lab VF), shim+agent, tenantnet-ipam", go_label), "",
-             *table(rows("ours"), "tenantnet `sriov` (lab VF), shim+agent, Go host-local", go_label), "",
+             *table(rows("own"), f"{ours}, tenantnet-ipam", go_label), "",
+             *table(rows("ours"), f"{ours}, Go host-local", go_label), "",
              *table(rows("inproc"), "tenantnet `sriov` (lab VF), in-process (no agent)", go_label)]
     write_block(args.out, "bench_sriov", lines)
 

@@ -163,7 +163,7 @@ class Plugin:
                 pending.result()  # the driver's background step: its failure fails the ADD
             record.phase = PHASE_READY
             record.result = result.to_dict(RECORD_VERSION)
-            self.records.save(record)
+            self.records.save(record, rewrite=True)
             faults.step("add.ready")
         except BaseException as exc:
             if pending is not None:
@@ -247,6 +247,33 @@ class Plugin:
         A transient IPAM failure (a full disk, a store locked too long) does not stop the
         detach: the pod's interface, OVS port and VF are undone anyway, and only the record
         stays, so that the next DEL or GC retries the release."""
+        # The IPAM release runs beside the detach (for a veth: ≈ 20 ms of the kernel waiting
+        # for RCU); both are idempotent and touch different things. The detach stays on this
+        # thread: it may itself hand steps to helper threads, which must never wait for a
+        # helper thread of their own.
+        releasing = drivers.in_background(self._release, record, env, cni_path)
+        try:
+            if not record.plan.nothing_owned:
+                driver.detach(record)
+                faults.step("del.detached")
+        finally:
+            futures.wait([releasing])
+        ipam_failure = releasing.result()
+        devinfo_file = record.plan.device_info_file
+        if devinfo_file and (record.progress is None or STEP_DEVINFO in record.progress):
+            devinfo.remove(devinfo_file, self.node.device_info_dir)
+            faults.step("del.devinfo-removed")
+        if ipam_failure is not None:
+            raise ipam_failure
+        try:
+            self.records.remove(*record.key)
+        except ValueError:
+            pass  # a synthetic record for an orphan whose ids are not path-safe
+
+    def _release(self, record: AttachmentRecord, env: CniEnv | None,
+                 cni_path: tuple[str, ...]) -> CniError | None:
+        """The IPAM release of a teardown: a transient failure is returned (the record stays
+        for a later DEL or GC to retry); a config the IPAM plugin refuses outright is logged."""
         ipam_failure: CniError | None = None
         ipam_conf = record.conf.get("ipam")
         ipam_done = record.progress is None or STEP_IPAM in record.progress
@@ -276,19 +303,7 @@ class Plugin:
                     self.log.warning("del.ipam_refused_config", network=record.network,
                                      container_id=record.container_id, ifname=record.ifname,
                                      code=err.code, error=err.msg)
-        if not record.plan.nothing_owned:
-            driver.detach(record)
-            faults.step("del.detached")
-        devinfo_file = record.plan.device_info_file
-        if devinfo_file and (record.progress is None or STEP_DEVINFO in record.progress):
-            devinfo.remove(devinfo_file, self.node.device_info_dir)
-            faults.step("del.devinfo-removed")
-        if ipam_failure is not None:
-            raise ipam_failure
-        try:
-            self.records.remove(*record.key)
-        except ValueError:
-            pass  # a synthetic record for an orphan whose ids are not path-safe
+        return ipam_failure
 
     # ---- CHECK ------------------------------------------------------------------------
     def check(self, env: CniEnv, conf: NetConf) -> None:

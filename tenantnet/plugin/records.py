@@ -252,14 +252,16 @@ class RecordStore:
         except (ValueError, TypeError, KeyError) as exc:
             raise CorruptRecord(f"attachment record {path} is unreadable: {exc}", path) from None
 
-    def save(self, record: AttachmentRecord) -> None:
+    def save(self, record: AttachmentRecord, *, rewrite: bool = False) -> None:
         """Write the record atomically (temp file, rename): a reader, or the process after
         a SIGKILL, sees the previous version or this one, never a part (no fsync: see the
-        module's docstring)."""
+        module's docstring). With `rewrite` (the caller holds the attachment's lock and
+        wrote this record before) its directory is known to be there and is not checked again."""
         record.updated = time.time()
         path = self.path(*record.key)
         directory = os.path.dirname(path)
-        ensure_private_dir(directory)
+        if not rewrite:
+            ensure_private_dir(directory)
         tmp = f"{path}.tmp.{os.getpid()}"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:

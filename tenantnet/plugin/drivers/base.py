@@ -9,6 +9,7 @@ records, IPAM, addresses in the pod, results, rollback. Which driver serves whic
 
 from __future__ import annotations
 
+import contextvars
 import hashlib
 import threading
 from abc import ABC, abstractmethod
@@ -72,12 +73,13 @@ _helpers_lock = threading.Lock()
 
 def in_background(work: Callable[..., Any], *args: Any) -> Future[Any]:
     """Run `work(*args)` on a helper thread of the host namespace, for steps that mostly wait
-    (an OVSDB round trip, the kernel tearing a veth down) while the caller goes on."""
+    (an OVSDB round trip, the kernel tearing a veth down, an IPAM release) while the caller
+    goes on; in the caller's context, so its log lines still name the request."""
     global _helpers
     with _helpers_lock:
         if _helpers is None:
             _helpers = ThreadPoolExecutor(16, thread_name_prefix="tenantnet-helper")
-    return _helpers.submit(work, *args)
+    return _helpers.submit(contextvars.copy_context().run, work, *args)
 
 
 class Driver(ABC):

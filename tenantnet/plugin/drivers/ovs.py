@@ -55,6 +55,9 @@ class OvsDriver(Driver):
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
         plan = _plan(record)
         db = self._db(plan)
+        # Asked before anything exists: a missing bridge (code 7) or an OVSDB that does not
+        # answer (code 11) then leaves nothing to undo — a rollback could not remove a port
+        # from an OVSDB it cannot reach, and would have to keep the record.
         if not db.bridge_exists(plan.bridge or ""):
             raise CniError(
                 Code.INVALID_CONFIG,
@@ -66,7 +69,7 @@ class OvsDriver(Driver):
         netlink.delete_host_link(host)
         record.mark(STEP_VETH)
         try:
-            netlink.create_veth_into_netns(
+            link = netlink.create_veth_into_netns(
                 host, record.ifname, record.netns, mtu=plan.mtu, pod_mac=conf.mac,
                 host_alias=owner_mark(record.network, record.container_id, record.ifname),
             )
@@ -81,9 +84,7 @@ class OvsDriver(Driver):
         # The transaction (a round trip to ovsdb-server) runs while the core allocates
         # addresses and configures the pod; the core waits for it before answering.
         pending = in_background(ovsport.add_owned_port, db, record, plan, host)
-        link = netlink.host_link(host)
-        return Attached(host=Interface(name=host, mac=link.mac if link else ""), pod_ifname=record.ifname,
-                        pending=pending)
+        return Attached(host=Interface(name=host, mac=link.mac), pod_ifname=record.ifname, pending=pending)
 
     def detach(self, record: AttachmentRecord) -> None:
         plan = _plan(record)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from cni.errors import CniError, Code
 from tenantnet.plugin import faults
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import AttachmentRecord, Plan, PodRef
@@ -47,10 +48,11 @@ def ovsdb_for(node: NodeConfig, endpoint: str | None = None) -> ovsdb.Ovsdb:
 
 
 def add_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, plan: PortPlan, port: str) -> None:
-    """The attachment's OVS port: VLAN, MTU and ownership in one transaction."""
+    """The attachment's OVS port: VLAN, MTU and ownership in one transaction. A bridge that
+    does not exist is the network config's error (code 7)."""
     pod = record.pod
     faults.step("ovs.port-adding")
-    db.add_port(
+    spec = (
         ovsdb.PortSpec(
             bridge=plan.bridge or "",
             name=port,
@@ -69,6 +71,11 @@ def add_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, plan: PortPlan, po
             },
         )
     )
+    try:
+        db.add_port(spec)
+    except ovsdb.BridgeNotFound:
+        raise CniError(Code.INVALID_CONFIG, f"invalid network config: bridge={plan.bridge!r}: no such "
+                                            f"bridge in OVSDB at {db.endpoint}") from None
     faults.step("ovs.port-added")
 
 

@@ -214,11 +214,11 @@ class Rtnl:
 
     def create_veth(self, name: str, peer: str, peer_netns_fd: int, *, mtu: int | None = None,
                     peer_mac: str | None = None, up: bool = True, ipv6_link_local: bool = True,
-                    alias: str | None = None) -> int | None:
+                    alias: str | None = None) -> Link | None:
         """A veth pair `name` (here) ↔ `peer`, the peer created directly in the namespace
-        of `peer_netns_fd`; returns the index of `name` when it had to be looked up (always
-        without `ipv6_link_local`), else None. Without `ipv6_link_local`, `name` never gets
-        an IPv6 address (addr_gen_mode none, set before it comes up)."""
+        of `peer_netns_fd`; returns `name` as read back when it had to be (always without
+        `ipv6_link_local`), else None. Without `ipv6_link_local`, `name` never gets an IPv6
+        address (addr_gen_mode none, set before it comes up)."""
         if not ipv6_link_local:
             self.create_veth(name, peer, peer_netns_fd, mtu=mtu, peer_mac=peer_mac, up=False)
             link = self.link(name)
@@ -232,7 +232,7 @@ class Rtnl:
                       + _nest(IFLA_AF_SPEC, _nest(socket.AF_INET6, no_addresses)))
             if up:
                 self.set_link(link.index, up=True)
-            return link.index
+            return link
         peer_attrs = [_nla(IFLA_IFNAME, _name(peer)), _nla(IFLA_NET_NS_FD, _u32(peer_netns_fd))]
         own = [_nla(IFLA_IFNAME, _name(name))]
         if mtu:
@@ -252,7 +252,7 @@ class Rtnl:
         if created is None:
             raise RtnlError(errno.ENODEV, f"{name} vanished right after it was created")
         self.set_link(created.index, alias=alias)
-        return created.index
+        return created
 
     def set_link(self, index: int, *, up: bool | None = None, name: str | None = None,
                  mac: str | None = None, mtu: int | None = None, netns_fd: int | None = None,
