@@ -74,13 +74,28 @@ def test_the_venv_runs_the_trampoline_in_front_of_the_python_shims():
         assert text.startswith("#!") and "tenantnet.entry." in text
 
 
-def test_without_a_compiler_make_keeps_the_python_launchers():
-    # A dry run of the rule with a compiler that does not exist: no cc, both launcher sets.
-    proc = subprocess.run(["make", "-n", "-B", "-C", str(ROOT), "CC=/nonexistent/cc", ".venv/.plugins"],
-                          capture_output=True, text=True, check=False)
-    assert proc.returncode == 0, proc.stderr
-    assert "/nonexistent/cc" in proc.stdout and "-std=c11" not in proc.stdout
-    assert 'suffix="-shim"' in proc.stdout and 'suffix=""' in proc.stdout
+@pytest.mark.parametrize("with_compiler", [True, False])
+def test_make_builds_the_trampoline_only_with_a_compiler(tmp_path, with_compiler):
+    """The Makefile's plugin rule, run for real into a scratch venv directory (its python is
+    this venv's): with a compiler, `tenantnet` is the static trampoline and `tenantnet-shim`
+    the Python launcher; without one (CC names nothing), both are Python launchers. The
+    decision is made when the rule runs, not when make reads the Makefile: on a fresh
+    machine `make test` installs gcc after reading it."""
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(Path(sys.executable))
+    (venv / ".installed").touch()
+    cc = compiler() if with_compiler else "/nonexistent/cc"
+    assert cc, "no C compiler: install gcc and libc6-dev (scripts/install-deps.sh does)"
+    proc = subprocess.run(["make", "-C", str(ROOT), f"VENV={venv}", f"CC={cc}", "-o", f"{venv}/.installed",
+                           f"{venv}/.plugins"], capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for command in ("tenantnet", "tenantnet-ipam"):
+        assert not is_elf(venv / "bin" / f"{command}-shim")
+        assert is_elf(venv / "bin" / command) is with_compiler, proc.stdout
+    if not with_compiler:
+        assert "no C compiler" in proc.stdout
+        assert "tenantnet.entry.plugin" in (venv / "bin" / "tenantnet").read_text()
 
 
 # ---- same request, same answer ---------------------------------------------------------------------
