@@ -134,6 +134,12 @@ class Plugin:
         started = time.perf_counter()
         record.progress = set()
         pending: Future[Any] | None = None
+        # An IPAM that never looks at the pod's interface allocates while the driver makes
+        # it; one that may (dhcp, anything unknown) runs after, as the spec's order has it.
+        allocating: Future[Any] | None = None
+        if tconf.ipam_type in ipam_client.INTERFACE_BLIND:
+            allocating = drivers.in_background(ipam_client.run, tconf.ipam_type,
+                                               ipam_client.call_for(env, "ADD"), conf.raw, self.node)
         try:
             attached = driver.attach(record, tconf)
             pending = attached.pending
@@ -143,7 +149,11 @@ class Plugin:
                 record.mark(STEP_DEVINFO)  # only ours once written: a refused write removes nothing
                 faults.step("add.devinfo-written")
             ipam_result = Result()
-            if tconf.ipam_type:
+            if allocating is not None:
+                got, allocating = allocating.result(), None
+                record.mark(STEP_IPAM)
+                ipam_result = got or Result()
+            elif tconf.ipam_type:
                 got = ipam_client.run(tconf.ipam_type, ipam_client.call_for(env, "ADD"), conf.raw, self.node)
                 # A failed IPAM ADD allocated nothing (the spec makes the plugin clean up).
                 record.mark(STEP_IPAM)
@@ -168,6 +178,10 @@ class Plugin:
         except BaseException as exc:
             if pending is not None:
                 futures.wait([pending])  # the rollback must not race the driver's background step
+            if allocating is not None:  # the driver failed while IPAM allocated: release it too
+                futures.wait([allocating])
+                if allocating.exception() is None:
+                    record.mark(STEP_IPAM)
             err = system_error(exc, f"ADD {env.container_id}/{env.ifname} on network {conf.name}")
             self.log.warning("add.failed", network=conf.name, container_id=env.container_id,
                              ifname=env.ifname, code=err.code, error=err.msg)

@@ -203,6 +203,11 @@ def gc_own(conf: NetConf, keep: set[tuple[str, str]], node: Any) -> None:
     plugin.gc(conf, keep, confinement(node), cluster_node(node))
 
 
+# IPAM types whose ADD never looks at the pod's interface (addresses from a store or the
+# config), so they may run while the driver is still making it; `dhcp` needs the interface.
+INTERFACE_BLIND = frozenset({OWN_IPAM, "host-local", "static", "whereabouts"})
+
+
 def run(ipam_type: str, call: IpamCall, conf_raw: dict[str, Any], node: Any) -> Result | None:
     """ADD returns the IPAM result; DEL and CHECK return None or raise CniError."""
     if ipam_type == OWN_IPAM:
