@@ -27,6 +27,7 @@ import stat
 import struct
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -117,7 +118,11 @@ def prepare_socket_dir(path: str) -> None:
 
 class Agent:
     def __init__(self, socket_path: str, node_config: str, *, max_inflight: int = DEFAULT_MAX_INFLIGHT,
-                 workers: int = DEFAULT_WORKERS) -> None:
+                 workers: int = DEFAULT_WORKERS, collectors: Sequence[Callable[[Callable[[], Any]], Any]] = ()
+                 ) -> None:
+        """`collectors`: makers of extra prometheus-client collectors for /metrics, each given
+        a function returning the current node config (`tenantnetctl agent run` passes the
+        offload report's, which this layer cannot import)."""
         self.socket_path = socket_path
         self.node_config = node_config
         self.max_inflight = max_inflight
@@ -140,6 +145,9 @@ class Agent:
         self._inode = 0
         self.log: Any = None
         self._heartbeat: Any = None
+        self._collectors = tuple(collectors)
+        self.metrics: Any = None  # entry/metrics.AgentMetrics while /metrics is served
+        self.metrics_address: tuple[str, int] | None = None
 
     # ---- start / stop ---------------------------------------------------------------------
     def start(self, log_file: str, log_level: str) -> None:
@@ -178,8 +186,11 @@ class Agent:
         self._warm_up()
         from tenantnet.entry.heartbeat import Heartbeat
 
-        self._heartbeat = Heartbeat(self._node(self.node_config), self.log)
+        node = self._node(self.node_config)
+        self._heartbeat = Heartbeat(node, self.log)
         self._heartbeat.start()
+        if node.metrics_port:
+            self._serve_metrics(node)
         self.log.info("agent.started", pid=os.getpid(), socket=self.socket_path,
                       max_inflight=self.max_inflight, workers=self.workers)
 
@@ -199,6 +210,24 @@ class Agent:
             ovsport.ovsdb_for(node).other_config()  # connects
         except Exception as exc:  # not fatal: the first request retries and reports it
             self.log.warning("agent.ovsdb_unavailable", error=str(exc))
+
+    def _serve_metrics(self, node: Any) -> None:
+        from tenantnet.entry.metrics import AgentMetrics
+
+        def current() -> Any:
+            return self._node(self.node_config)
+
+        metrics = AgentMetrics(lambda: self.status(asking=False), current,
+                               [make(current) for make in self._collectors])
+        try:
+            self.metrics_address = metrics.serve(node.metrics_address, node.metrics_port)
+        except OSError as exc:
+            # The CNI calls matter more than their figures: serve them, say why there are none.
+            self.log.error("agent.metrics_unavailable", address=node.metrics_address,
+                           port=node.metrics_port, error=exc.strerror or str(exc))
+            return
+        self.metrics = metrics
+        self.log.info("agent.metrics", address=self.metrics_address[0], port=self.metrics_address[1])
 
     def stop(self) -> None:
         self._stop.set()
@@ -234,8 +263,9 @@ class Agent:
         self._conns.shutdown(wait=False)
         if self._heartbeat is not None:
             self._heartbeat.stop()  # deregistered: the node is no longer serving
-        # No OVSDB close: ovsdbapp's stop waits up to a second for its thread, and exiting
-        # closes the connection just as well.
+        if self.metrics is not None:
+            self.metrics.stop()
+        # No OVSDB close: exiting closes the connection just as well.
         self.log.info("agent.stopped", served=self.stats.served, rejected=self.stats.rejected)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
@@ -437,6 +467,9 @@ class Agent:
                 self._running.pop(rid, None)
         with self._lock:
             self.stats.served += 1
+        if self.metrics is not None:
+            self.metrics.observe(plugin, environ.get("CNI_COMMAND", ""), time.monotonic() - arrived, code,
+                                 _error_code(text) if code else None)
         # A failure, or a request that waited, gets its own line; a plain success has its
         # line from the plugin already (add.done, del.done …), and a second one per call
         # cost a tenth of the agent's CPU in a burst.
@@ -447,7 +480,8 @@ class Agent:
         structlog.contextvars.clear_contextvars()
         return code, (text + "\n").encode() if text else b"", err
 
-    def status(self) -> dict[str, Any]:
+    def status(self, *, asking: bool = True) -> dict[str, Any]:
+        """`asking`: called for a STATUS request, which is itself in flight and not counted."""
         rss, peak = _rss_kb()
         with self._lock:
             s = self.stats
@@ -455,8 +489,18 @@ class Agent:
             oldest = max((now - t for t in self._running.values()), default=0.0)
             return {"busyWorkers": len(self._running), "oldestRunningS": round(oldest, 3),
                     "pid": os.getpid(), "socket": self.socket_path, "nodeConfig": self.node_config,
-                    "uptimeS": round(time.time() - s.started, 1), "inflight": s.inflight - 1,
+                    "uptimeS": round(time.time() - s.started, 1), "inflight": s.inflight - asking,
                     "peakInflight": s.peak_inflight, "maxInflight": self.max_inflight,
                     "workers": self.workers, "served": s.served, "rejected": s.rejected,
                     "expired": s.expired, "protocolErrors": s.protocol_errors,
-                    "rssKb": rss, "peakRssKb": peak}
+                    "rssKb": rss, "peakRssKb": peak,
+                    "metrics": "{}:{}".format(*self.metrics_address) if self.metrics_address else None}
+
+
+def _error_code(text: str) -> int | None:
+    """The `code` of a CNI error answer, for the errors-by-code counter."""
+    try:
+        code = json.loads(text).get("code")
+    except (ValueError, AttributeError):
+        return None
+    return code if isinstance(code, int) else None

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tenantnet.entry import shim
@@ -44,7 +45,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.max_inflight < 1 or args.workers < 1:
         print("tenantnetctl agent run: --max-inflight and --workers must be at least 1", file=sys.stderr)
         return 2
-    agent = Agent(socket_path, path, max_inflight=args.max_inflight, workers=args.workers)
+    agent = Agent(socket_path, path, max_inflight=args.max_inflight, workers=args.workers,
+                  collectors=getattr(args, "collectors", ()))
     try:
         agent.start(node.log_file, node.log_level)
     except (AgentError, OSError) as exc:
@@ -97,8 +99,10 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any) -> argparse.ArgumentParser:
-    """Add `agent run|status` to `subparsers` (from `add_subparsers()`)."""
+def register(subparsers: Any, collectors: Sequence[Callable[[Callable[[], Any]], Any]] = ()
+             ) -> argparse.ArgumentParser:
+    """Add `agent run|status` to `subparsers` (from `add_subparsers()`). `collectors`: makers
+    of extra /metrics collectors for `run` (see Agent)."""
     p = subparsers.add_parser("agent", help="the per-node agent serving plugin calls fast (docs/agent.md)")
     sub = p.add_subparsers(dest="agent_command", required=True, metavar="run|status")
     run = sub.add_parser("run", help="serve CNI calls on the node config's agentSocket until SIGTERM")
@@ -107,7 +111,7 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                      help=f"requests in flight before new ones get code 11 (default {DEFAULT_MAX_INFLIGHT})")
     run.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
                      help=f"requests executed at once (default {DEFAULT_WORKERS})")
-    run.set_defaults(func=cmd_run)
+    run.set_defaults(func=cmd_run, collectors=tuple(collectors))
     st = sub.add_parser("status", help="is the agent answering? (exit 3 if not)")
     st.add_argument("--socket", help="unix socket path (default: the node config's agentSocket)")
     st.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the answer")

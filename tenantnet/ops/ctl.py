@@ -324,6 +324,13 @@ def _policy_show(policy: Any, as_json: bool) -> int:
     return 0
 
 
+def _offload_collector(node: Any) -> Any:
+    """The offload report's /metrics families for the agent, imported only when it serves them."""
+    from tenantnet.ops.flowreport.collector import node_collector
+
+    return node_collector(node)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tenantnetctl", description=__doc__.split("\n\n")[0],
@@ -402,7 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
     install.register(sub)
     offload_cli.register(sub, node_config_path)
     railsctl.register(sub, node_config_path)
-    agent_cli.register(sub)
+    agent_cli.register(sub, collectors=(_offload_collector,))
     return parser
 
 

@@ -175,6 +175,7 @@ class Plugin:
             record.result = result.to_dict(RECORD_VERSION)
             self.records.save(record, rewrite=True)
             faults.step("add.ready")
+            self._ready(record, tconf, driver)
         except BaseException as exc:
             if pending is not None:
                 futures.wait([pending])  # the rollback must not race the driver's background step
@@ -193,6 +194,17 @@ class Plugin:
                       ifname=env.ifname, mode=tconf.mode, pod=f"{record.pod.namespace}/{record.pod.name}",
                       ms=round((time.perf_counter() - started) * 1000, 2))
         return result.to_dict(conf.cni_version)
+
+    def _ready(self, record: AttachmentRecord, tconf: tnconf.TenantnetConf, driver: drivers.Driver) -> None:
+        """The driver's after-ready work (pre-warm): it never fails the ADD, whose result the
+        record already holds."""
+        try:
+            if driver.ready(record, tconf):
+                self.records.save(record, rewrite=True)
+        except Exception as exc:
+            self.log.warning("add.ready_work_failed", network=record.network,
+                             container_id=record.container_id, ifname=record.ifname,
+                             error=f"{type(exc).__name__}: {exc}")
 
     def _pod_link_present(self, record: AttachmentRecord) -> bool:
         try:

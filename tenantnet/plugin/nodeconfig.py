@@ -85,6 +85,19 @@ class NodeConfig:
     etcd_key_file: str | None = None
     etcd_prefix: str = "/tenantnet/"
     etcd_timeout: float = 5.0
+    # The agent's /metrics endpoint (docs/metrics.md): 0 = not served.
+    metrics_port: int = 0
+    metrics_address: str = "0.0.0.0"
+    # How old the offload gauges of a scrape may be (each refresh reads ovs-vswitchd).
+    metrics_offload_interval: float = 15.0
+    # Where ovs-vswitchd logs: its tc/flower refusals are blamed on pods (docs/offload.md).
+    vswitchd_log: str = "/var/log/openvswitch/ovs-vswitchd.log"
+    # Pre-warm (docs/offload.md): the default for networks that do not say `prewarm`, the
+    # most peers one attachment is paired with, and the datapath idle time to ask OVS for
+    # (other_config:max-idle, in ms; None: leave OVS's setting alone).
+    prewarm: bool = False
+    prewarm_max_peers: int = 64
+    prewarm_max_idle_ms: int | None = None
     source: str = "(defaults)"
 
     @property
@@ -146,6 +159,13 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "etcdKeyFile": ("etcd_key_file", str, "an absolute path of the key of etcdCertFile"),
     "etcdPrefix": ("etcd_prefix", str, "a key prefix starting and ending with / (default /tenantnet/)"),
     "etcdTimeout": ("etcd_timeout", float, "a number of seconds between 0.1 and 30"),
+    "metricsPort": ("metrics_port", int, "a TCP port for the agent's /metrics (1-65535), or 0 for none"),
+    "metricsAddress": ("metrics_address", str, "an IP address to serve /metrics on (default 0.0.0.0)"),
+    "metricsOffloadInterval": ("metrics_offload_interval", float, "a number of seconds between 1 and 3600"),
+    "vswitchdLog": ("vswitchd_log", str, "an absolute path of ovs-vswitchd's log file"),
+    "prewarm": ("prewarm", bool, "true or false (the default of networks that do not say)"),
+    "prewarmMaxPeers": ("prewarm_max_peers", int, "a number of peers between 1 and 1024"),
+    "prewarmMaxIdleMs": ("prewarm_max_idle_ms", int, "milliseconds between 1000 and 3600000"),
 }
 
 _VF_CONTROL = re.compile(r"[a-z][a-z0-9-]*:\S+")
@@ -156,7 +176,7 @@ _PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
 
 _PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir",
               "ipamDataDir", "podResourcesSocket", "nvidiaProcRoot",
-              "etcdCaFile", "etcdCertFile", "etcdKeyFile")
+              "etcdCaFile", "etcdCertFile", "etcdKeyFile", "vswitchdLog")
 _ETCD_URL = re.compile(r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?")
 _NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
 
@@ -288,6 +308,19 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
                 value = str(ipaddress.ip_address(cast(str, value)))
             except ValueError:
                 raise _bad(path, key, value, allowed) from None
+        elif key == "metricsPort" and not 0 <= cast(int, value) <= 65535:
+            raise _bad(path, key, value, allowed)
+        elif key == "metricsAddress":
+            try:
+                value = str(ipaddress.ip_address(cast(str, value)))
+            except ValueError:
+                raise _bad(path, key, value, allowed) from None
+        elif key == "metricsOffloadInterval" and not 1 <= cast(float, value) <= 3600:
+            raise _bad(path, key, value, allowed)
+        elif key == "prewarmMaxPeers" and not 1 <= cast(int, value) <= 1024:
+            raise _bad(path, key, value, allowed)
+        elif key == "prewarmMaxIdleMs" and not 1000 <= cast(int, value) <= 3600000:
+            raise _bad(path, key, value, allowed)
         elif key == "etcdPrefix":
             prefix = cast(str, value)
             if not (prefix.startswith("/") and prefix.endswith("/")) or not prefix.isprintable():

@@ -316,8 +316,8 @@ class RecordStore:
                     pass
         return removed
 
-    def list(self, network: str | None = None) -> Iterator[AttachmentRecord | CorruptRecord]:
-        """Every record (or the problem reading it) — of one network, or all."""
+    def files(self, network: str | None = None) -> Iterator[str]:
+        """The path of every record file — of one network, or all — without reading them."""
         try:
             networks = [network] if network else sorted(os.listdir(self.root))
         except FileNotFoundError:
@@ -335,13 +335,22 @@ class RecordStore:
                 except (FileNotFoundError, NotADirectoryError):
                     continue
                 for name in files:
-                    if not name.endswith(".json"):
-                        continue
-                    path = os.path.join(cdir, name)
-                    try:
-                        with open(path, encoding="utf-8") as fh:
-                            yield AttachmentRecord.from_json(fh.read(), self.plan_type)
-                    except FileNotFoundError:
-                        continue
-                    except (ValueError, TypeError, KeyError) as exc:
-                        yield CorruptRecord(f"attachment record {path} is unreadable: {exc}", path)
+                    if name.endswith(".json"):
+                        yield os.path.join(cdir, name)
+
+    def read(self, path: str) -> AttachmentRecord | CorruptRecord | None:
+        """The record in the file at `path` (one of `files()`); None if it is gone."""
+        try:
+            with open(path, encoding="utf-8") as fh:
+                return AttachmentRecord.from_json(fh.read(), self.plan_type)
+        except FileNotFoundError:
+            return None
+        except (ValueError, TypeError, KeyError) as exc:
+            return CorruptRecord(f"attachment record {path} is unreadable: {exc}", path)
+
+    def list(self, network: str | None = None) -> Iterator[AttachmentRecord | CorruptRecord]:
+        """Every record (or the problem reading it) — of one network, or all."""
+        for path in self.files(network):
+            item = self.read(path)
+            if item is not None:
+                yield item

@@ -35,6 +35,7 @@ class OvsPortSettings:
     mtu: int | None = None
     ofport_request: int | None = None
     ovsdb: str = ""
+    prewarm: bool = False  # `prewarm` (default: the node config's): drivers/prewarm.py
 
 
 RDMA_CHOICES = ("auto", "exclusive", "off")
@@ -279,9 +280,14 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
             mtu=_int_field(raw, "mtu", 68, 65535),
             ofport_request=_int_field(raw, "ofport_request", 1, 65279),
             ovsdb=settings.ovsdb_endpoint(raw, node),
+            prewarm=_prewarm(raw, node),
         )
         for key in ("link_state_check_retries", "link_state_check_interval"):
             _int_field(raw, key, 0, 100000)  # accepted for ovs-cni compatibility; veths need no wait
+    if ovs is None and raw.get("prewarm") not in (None, False):
+        raise CniError(Code.UNSUPPORTED_FIELD,
+                       f"unsupported field value: prewarm={raw.get('prewarm')!r}; pre-warm makes OVS "
+                       f"datapath flows, so it applies to modes ovs and ovs-offload, not {mode}")
     vf = _vf_settings(conf) if mode in ("sriov", "ovs-offload") else None
     offload_check = raw.get("offloadCheck", "off")
     if offload_check not in ("off", "require"):
@@ -301,6 +307,15 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
         offload_check=offload_check == "require",
         device_info_file=settings.device_info_file(conf, node) if mode != "ovs" else None,
     )
+
+
+def _prewarm(raw: dict[str, Any], node: NodeConfig) -> bool:
+    value = raw.get("prewarm")
+    if value is None:
+        return node.prewarm
+    if not isinstance(value, bool):
+        raise invalid_config("prewarm", value, "must be true or false")
+    return value
 
 
 def _on_off(raw: dict[str, Any], key: str, default: bool) -> bool:

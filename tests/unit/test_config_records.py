@@ -129,7 +129,8 @@ def test_record_json_carries_every_field_and_round_trips() -> None:
     # A field added to the dataclass but not to to_json would be lost on disk: fail here.
     assert set(data) == {f.name for f in dataclasses.fields(AttachmentRecord)} - {"progress"} | {"format"}
     assert data["plan"] == {"hostIfname": "tn0", "trunks": [1, 2], "cniArgs": "K8S_POD_NAME=p", "bridge": None,
-                            "ovsdb": None, "vlan": None, "mtu": None, "ofportRequest": None}
+                            "ovsdb": None, "vlan": None, "mtu": None, "ofportRequest": None,
+                            "prewarm": "", "prewarmRules": 0}
     again = AttachmentRecord.from_json(record.to_json(), plan_type)
     assert again == record and again.progress is None and isinstance(again.plan, OvsPlan)
     # Without the plan types only the core's part is read; a key it does not know is ignored.

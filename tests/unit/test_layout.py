@@ -53,10 +53,11 @@ def test_records_of_the_previous_release_load_as_typed_plans() -> None:
     ovs = AttachmentRecord.from_json(_record("ovs", OLD_OVS), modes.plan_type).plan
     assert isinstance(ovs, OvsPlan) and ovs.port_name() == "tn0123456789a" and ovs.trunks == [200, 201]
     # Written back, each plan is the same JSON object again (the core's defaults omitted), plus
-    # this release's VF fields at their defaults: the old release never moved an RDMA device
-    # (so DEL leaves it alone) and paired no GPU.
+    # this release's fields at their defaults: the old release never moved an RDMA device
+    # (so DEL leaves it alone), paired no GPU and pre-warmed nothing.
     assert sriov.to_dict() == {**OLD_SRIOV, "rdmaIsolated": False, "gpu": None, "gpuDistance": None}
-    assert ovs.to_dict() == {k: v for k, v in OLD_OVS.items() if k != "cniArgs"}
+    assert ovs.to_dict() == {**{k: v for k, v in OLD_OVS.items() if k != "cniArgs"}, "prewarm": "",
+                             "prewarmRules": 0}
 
 
 def test_an_unknown_mode_keeps_the_cores_part_and_fails_on_its_mode() -> None:

@@ -111,6 +111,11 @@ class Driver(ABC):
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
         """Create the interface inside the pod netns and wire its host side."""
 
+    def ready(self, record: AttachmentRecord, conf: TenantnetConf) -> bool:
+        """After the ADD is recorded ready: work that makes the attachment better but whose
+        failure must not fail it (pre-warm). True if it changed the record."""
+        return False
+
     @abstractmethod
     def detach(self, record: AttachmentRecord) -> None:
         """Undo `attach`; idempotent, works with the netns already gone."""

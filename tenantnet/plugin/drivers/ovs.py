@@ -15,7 +15,7 @@ from cni.errors import CniError, Code
 from cni.netconf import NetConf
 from cni.result import Interface
 from tenantnet.plugin import faults, settings, tnconf
-from tenantnet.plugin.drivers import ovsport
+from tenantnet.plugin.drivers import ovsport, prewarm
 from tenantnet.plugin.drivers.base import Attached, Driver, gc_env, in_background, mark_owner, owner_mark
 from tenantnet.plugin.drivers.ovsport import STEP_PORT, PortPlan
 from tenantnet.plugin.records import AttachmentRecord, RecordStore
@@ -47,7 +47,8 @@ class OvsDriver(Driver):
         assert conf.ovs is not None
         return OvsPlan(host_ifname=host_ifname(env.container_id, env.ifname), bridge=conf.ovs.bridge,
                        ovsdb=conf.ovs.ovsdb, vlan=conf.ovs.vlan, trunks=list(conf.ovs.trunks),
-                       mtu=conf.ovs.mtu, ofport_request=conf.ovs.ofport_request)
+                       mtu=conf.ovs.mtu, ofport_request=conf.ovs.ofport_request,
+                       prewarm=prewarm.PENDING if conf.ovs.prewarm else "")
 
     def _db(self, plan: OvsPlan) -> ovsdb.Ovsdb:
         return ovsport.ovsdb_for(self.node, plan.ovsdb)
@@ -86,9 +87,14 @@ class OvsDriver(Driver):
         pending = in_background(ovsport.add_owned_port, db, record, plan, host)
         return Attached(host=Interface(name=host, mac=link.mac), pod_ifname=record.ifname, pending=pending)
 
+    def ready(self, record: AttachmentRecord, conf: TenantnetConf) -> bool:
+        return prewarm.warm(self.node, self._db(_plan(record)), record)
+
     def detach(self, record: AttachmentRecord) -> None:
         plan = _plan(record)
         host = plan.host_ifname or host_ifname(record.container_id, record.ifname)
+        if prewarm.enabled(plan):  # before the port: its OpenFlow number must not outlive it
+            prewarm.unwarm(self.node, self._db(plan).endpoint, record)
         done = record.progress
         # Deleting the host end removes the pod end too, wherever it is. The kernel takes
         # ≈ 20 ms for it (mostly waiting for RCU), so it runs beside the port's transaction.
@@ -118,6 +124,8 @@ class OvsDriver(Driver):
                 recorded: set[tuple[str, str]]) -> list[AttachmentRecord]:
         hint = self.plan(tnconf.parse(conf, gc_env(env), self.node), gc_env(env), None)
         db = self._db(hint)
+        if hint.prewarm:
+            prewarm.collect_garbage(self.node, db.endpoint, conf.name, {hint.bridge or ""}, OvsPlan)
         found = ovsport.unrecorded_ports(db, conf.name, self.mode, keep | recorded, lambda port: OvsPlan(
             host_ifname=port.name, bridge=port.bridge, ovsdb=db.endpoint))
         # Host veths marked as ours whose OVS port never got written (or was lost).

@@ -35,6 +35,10 @@ class PortPlan(Plan):
     trunks: list[int] = field(default_factory=list)
     mtu: int | None = None
     ofport_request: int | None = None
+    # Pre-warm (drivers/prewarm.py): "" when the network does not pre-warm, else its state;
+    # and how many OpenFlow rules its ADD wrote.
+    prewarm: str = ""
+    prewarm_rules: int = 0
 
     def port_name(self) -> str | None:
         """The attachment's OVS port (each mode's plan says which of its links it is)."""

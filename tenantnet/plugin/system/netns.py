@@ -116,6 +116,16 @@ def open_rtnl(path: str) -> Any:
         os.close(fd)
 
 
+def open_socket_inside(path: str, make: Callable[[], T]) -> T:
+    """`make()` (a socket, bound as it needs) run inside the namespace at `path`: the socket
+    stays in that namespace and is used from the caller's thread."""
+    fd = open_netns_fd(path)
+    try:
+        return _in_thread_inside(fd, path, make)
+    finally:
+        os.close(fd)
+
+
 def run_in_netns(path: str, work: Callable[[Any], T]) -> T:
     """Call `work(ipr)` with a pyroute2 IPRoute socket opened inside the namespace at `path`
     (for what tenantnet.plugin.system.rtnl does not cover)."""

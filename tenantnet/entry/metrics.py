@@ -1,0 +1,266 @@
+"""The agent's metrics endpoint: one `/metrics` per node, in Prometheus' text format
+(docs/metrics.md), built with prometheus-client.
+
+What is measured where:
+- the request path only updates prometheus-client's own counters and histograms (a lock
+  each, held for a few microseconds), so a scrape never waits for a CNI call nor a CNI
+  call for a scrape;
+- everything else is read when scraped, on the HTTP server's thread: the agent's
+  admission figures, the attachment records (parsed once per file version: a scrape during
+  a burst of a thousand ADDs stats the files and parses only the new ones), the
+  tenantnet-ipam stores' use, and whatever collectors the caller hands in (`tenantnetctl
+  agent run` adds the offload report's, tenantnet/ops/flowreport/collector.py, which
+  keeps the datapath reads off the scrape's critical path on its own).
+
+Label values that come from tenants (network names, pod namespaces) are the validated
+names of records that exist; the CNI command label is one of a fixed set, so a hostile
+`CNI_COMMAND` cannot grow the series without bound.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+COMMANDS = frozenset({"ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION"})
+# From a cached CHECK (≈ 1 ms) to an ADD that waits for a slow OVSDB (the shim's 30 s).
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5,
+                   1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+def command_label(command: str) -> str:
+    return command if command in COMMANDS else "other"
+
+
+class AgentMetrics:
+    """The registry the agent serves, and the two things the request path records."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]], node: Callable[[], Any],
+                 collectors: Sequence[Collector] = ()) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.latency = Histogram(
+            "tenantnet_cni_request_duration_seconds",
+            "time from the agent reading a CNI call to its answer, by plugin and command",
+            ["plugin", "command"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.errors = Counter(
+            "tenantnet_cni_errors", "CNI calls answered with an error, by plugin, command and CNI "
+            "error code (docs/errors.md)", ["plugin", "command", "code"], registry=self.registry)
+        self.registry.register(_AdmissionCollector(status))
+        self.registry.register(AttachmentCollector(node))
+        self.registry.register(IpamPoolCollector(node))
+        for collector in collectors:
+            self.registry.register(collector)
+        self._server: Any = None
+
+    def observe(self, plugin: str, command: str, seconds: float, code: int, error_code: int | None) -> None:
+        label = command_label(command)
+        self.latency.labels(plugin, label).observe(seconds)
+        if code:
+            self.errors.labels(plugin, label, str(error_code if error_code is not None else "unknown")).inc()
+
+    def serve(self, address: str, port: int) -> tuple[str, int]:
+        """Start serving on a daemon thread; (host, port) actually bound (port 0: any free)."""
+        from prometheus_client import start_http_server
+
+        self._server, _ = start_http_server(port, addr=address, registry=self.registry)
+        host, bound = self._server.server_address[:2]
+        return str(host), int(bound)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+
+class _AdmissionCollector(Collector):
+    """The agent's own figures (the same ones `tenantnetctl agent status` prints)."""
+
+    def __init__(self, status: Callable[[], dict[str, Any]]) -> None:
+        self._status = status
+
+    def collect(self) -> Iterable[Metric]:
+        s = self._status()
+        for name, key, text in (
+            ("tenantnet_agent_inflight", "inflight", "CNI calls admitted and not yet answered"),
+            ("tenantnet_agent_busy_workers", "busyWorkers", "worker threads running a call now"),
+            ("tenantnet_agent_max_inflight", "maxInflight", "admission limit (--max-inflight)"),
+            ("tenantnet_agent_oldest_running_seconds", "oldestRunningS",
+             "age of the longest-running call (a wedged one shows here)"),
+        ):
+            yield GaugeMetricFamily(name, text, value=float(s[key]))
+        yield GaugeMetricFamily("tenantnet_agent_resident_memory_bytes", "the agent's resident set size",
+                                value=float(s["rssKb"]) * 1024)
+        for name, key, text in (
+            ("tenantnet_agent_served", "served", "CNI calls answered by a worker"),
+            ("tenantnet_agent_rejected", "rejected", "calls refused at admission (over --max-inflight): "
+                                                     "the shim answered code 11, try again later"),
+            ("tenantnet_agent_expired", "expired", "calls whose deadline passed before they finished"),
+            ("tenantnet_agent_protocol_errors", "protocolErrors", "connections whose request was unreadable"),
+        ):
+            yield CounterMetricFamily(name, text, value=float(s[key]))
+
+
+@dataclass(frozen=True)
+class _Seen:
+    """What the metrics need of one record file, kept until the file changes."""
+
+    mode: str
+    network: str
+    namespace: str
+    phase: str
+    prewarm: str        # the pre-warm state in its plan ("" when the network does not pre-warm)
+    prewarm_rules: int
+    ipam: Any           # the network's ipam section (a dict) or None
+    container_id: str
+    ifname: str
+
+
+class RecordIndex:
+    """The node's attachment records, re-read per file only when the file changed."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # two scrapers at once share the work, not the race
+        self._files: dict[str, tuple[tuple[int, int, int], _Seen | None]] = {}
+
+    def snapshot(self, node: Any) -> list[_Seen]:
+        from tenantnet.plugin import modes
+        from tenantnet.plugin.records import AttachmentRecord, RecordStore
+
+        store = RecordStore(node.state_dir, modes.plan_type)
+        with self._lock:
+            fresh: dict[str, tuple[tuple[int, int, int], _Seen | None]] = {}
+            for path in store.files():
+                try:
+                    st = os.stat(path)
+                except OSError:
+                    continue
+                sig = (st.st_mtime_ns, st.st_size, st.st_ino)
+                hit = self._files.get(path)
+                if hit is None or hit[0] != sig:
+                    rec = store.read(path)
+                    seen = None
+                    if isinstance(rec, AttachmentRecord):
+                        plan = rec.plan
+                        ipam = rec.conf.get("ipam") if isinstance(rec.conf, dict) else None
+                        seen = _Seen(rec.mode, rec.network, rec.pod.namespace, rec.phase,
+                                     str(getattr(plan, "prewarm", "") or ""),
+                                     int(getattr(plan, "prewarm_rules", 0) or 0),
+                                     ipam if isinstance(ipam, dict) else None, rec.container_id, rec.ifname)
+                    hit = (sig, seen)
+                fresh[path] = hit
+            self._files = fresh
+            return [seen for _, seen in fresh.values() if seen is not None]
+
+
+def _tenant_of(policy: Any, namespace: str) -> str:
+    if policy is None or not namespace:
+        return ""
+    tenant = policy.tenant_of(namespace)
+    return str(tenant.name) if tenant else ""
+
+
+class AttachmentCollector(Collector):
+    """Attachments by mode, network, tenant and phase; pre-warm state per network."""
+
+    def __init__(self, node: Callable[[], Any], index: RecordIndex | None = None) -> None:
+        self._node = node
+        self.index = index or RecordIndex()
+
+    def collect(self) -> Iterable[Metric]:
+        from tenantnet.plugin import tenancy
+
+        node = self._node()
+        seen = self.index.snapshot(node)
+        try:
+            policy = tenancy.load(node)
+        except Exception:  # a broken policy file is the plugin's error to report, not a scrape's
+            policy = None
+        attachments = GaugeMetricFamily("tenantnet_attachments", "attachment records on this node",
+                                        labels=["mode", "network", "tenant", "phase"])
+        counts: dict[tuple[str, str, str, str], int] = {}
+        warm: dict[tuple[str, str], int] = {}
+        rules: dict[str, int] = {}
+        for s in seen:
+            key = (s.mode, s.network, _tenant_of(policy, s.namespace), s.phase)
+            counts[key] = counts.get(key, 0) + 1
+            if s.prewarm:
+                warm[(s.network, s.prewarm)] = warm.get((s.network, s.prewarm), 0) + 1
+                rules[s.network] = rules.get(s.network, 0) + s.prewarm_rules
+        for key, n in sorted(counts.items()):
+            attachments.add_metric(list(key), n)
+        yield attachments
+        state = GaugeMetricFamily("tenantnet_prewarm_attachments",
+                                  "attachments of pre-warming networks by pre-warm state (docs/offload.md)",
+                                  labels=["network", "state"])
+        for (network, st), n in sorted(warm.items()):
+            state.add_metric([network, st], n)
+        yield state
+        installed = GaugeMetricFamily("tenantnet_prewarm_rules",
+                                      "OpenFlow rules tenantnet installed to pre-warm the network's pairs",
+                                      labels=["network"])
+        for network, n in sorted(rules.items()):
+            installed.add_metric([network], n)
+        yield installed
+
+
+class IpamPoolCollector(Collector):
+    """Addresses in use and pool sizes of tenantnet-ipam networks that have attachments here.
+
+    The pool is read from the network config kept in the records (the NAD as it was when
+    the attachment was made) and the use from the node's store. Cluster-mode networks show
+    this node's addresses only: the cluster-wide view is `tenantnetctl ipam cluster ls`."""
+
+    def __init__(self, node: Callable[[], Any], index: RecordIndex | None = None) -> None:
+        self._node = node
+        self.index = index or RecordIndex()
+        self._stores: dict[str, Any] = {}
+
+    def _store(self, data_dir: str) -> Any:
+        from ipam.sqlite_store import SqliteStore
+
+        store = self._stores.get(data_dir)
+        if store is None:
+            store = SqliteStore(data_dir, create=False)
+            self._stores[data_dir] = store
+        return store
+
+    def collect(self) -> Iterable[Metric]:
+        from hostfiles.confined import within
+        from ipam.config import data_dir_of, parse_ipam
+
+        node = self._node()
+        size = GaugeMetricFamily("tenantnet_ipam_pool_addresses",
+                                 "addresses the network's range set can hand out (tenantnet-ipam)",
+                                 labels=["network", "range_set", "family"])
+        used = GaugeMetricFamily("tenantnet_ipam_pool_used_addresses",
+                                 "addresses of the range set held on this node (tenantnet-ipam)",
+                                 labels=["network", "range_set", "family"])
+        pools: dict[str, tuple[str, Any]] = {}
+        for s in self.index.snapshot(node):
+            if s.ipam and s.ipam.get("type") == "tenantnet-ipam" and s.network not in pools:
+                pools[s.network] = (data_dir_of(s.ipam, node.ipam_data_dir), s.ipam)
+        for network, (data_dir, raw) in sorted(pools.items()):
+            # The dir was confined when the ADD was made; the node config may have changed since.
+            if not within(data_dir, node.ipam_data_dirs):
+                continue
+            try:
+                conf = parse_ipam(raw)
+                held = self._store(data_dir).allocations(network)
+            except Exception:  # an unreadable store or config: no series rather than a failed scrape
+                continue
+            for i, rs in enumerate(conf.range_sets):
+                total = sum(hi - lo + 1 for r in rs.ranges for lo, hi in r.segments())
+                mine = sum(1 for a in held if rs.range_of(a.address) is not None)
+                labels = [network, str(i), f"ipv{rs.family}"]
+                size.add_metric(labels, total)
+                used.add_metric(labels, mine)
+        yield size
+        yield used

@@ -1,0 +1,341 @@
+"""Pre-warm (docs/offload.md): the datapath flows between an attachment and its known peers
+exist before the workload sends its first packet. Shared by the two OVS modes (ovs,
+ovs-offload), each of which calls `warm` once its ADD is ready and `unwarm` first thing in
+its DEL.
+
+For each pair of attachments of one network, one bridge and one access VLAN on this node:
+1. a static OpenFlow rule per direction, `in_port=<a>, dl_src=<mac a>, dl_dst=<mac b> →
+   output:<b>`, at priority 1 — above the bridge's default NORMAL rule (priority 0) and
+   below any rule anyone else wrote, so pre-warm never overrides somebody's policy, only the
+   MAC learning of NORMAL for pairs that NORMAL would forward anyway (same L2 segment);
+2. one frame per EtherType (IPv4, ARP, and IPv6 when either end has an IPv6 address) and
+   direction, sent from inside each pod's namespace (system/warmframes.py): its miss makes
+   OVS install the datapath flow — on a NIC with hw-offload, the flow OVS offloads to tc
+   flower; in the lab, a flow of the userspace datapath.
+
+Ownership, so that nothing of anyone else is touched: every rule carries a cookie whose top
+16 bits are "tn" (0x746e), the next 16 a hash of the network, the low 32 a hash of the
+attachment whose port the rule's packets come *in* on. Every delete names our cookie and a
+mask, so it can only match our rules; every add is `check_overlap`, so a rule of anyone
+else's at priority 1 with an overlapping match makes ours fail (state `conflict`) instead
+of replacing it. All rules of one warm go in one OpenFlow bundle (all or none).
+
+Ports are numbers in OpenFlow: a rule left behind after its port is deleted would send
+traffic to whichever port reuses the number. So DEL removes the rules before the port, and
+under a per-bridge lock marks the record `removing` first, so that a concurrent warm of a
+peer never pairs with an attachment on its way out.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from tenantnet.plugin import log
+from tenantnet.plugin.drivers.ovsport import PortPlan
+from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.records import PHASE_READY, AttachmentRecord, Plan, RecordStore
+from tenantnet.plugin.system import dpctl, ofctl, ovsdb, warmframes
+from tenantnet.plugin.system.netns import NamespaceNotFound
+
+PRIORITY = 1
+TN = 0x746E << 48
+TN_MASK = 0xFFFF << 48
+NETWORK_MASK = 0xFFFFFFFF << 32
+OURS = f"cookie={TN:#x}/{TN_MASK:#x}"
+
+# States kept in the plan (`prewarm`), shown by `tenantnetctl ls` and in /metrics.
+PENDING = "pending"      # the network pre-warms; this ADD has not got to it (yet)
+WARM = "warm"            # rules in, and every pair's datapath flow seen after the frames
+RULES_ONLY = "rules"     # rules in; a datapath flow did not show within the wait
+NO_PEERS = "no-peers"    # nothing to pair with when it was made (later peers pair with it)
+CONFLICT = "conflict"    # a rule of somebody else's overlaps ours: ours were not written
+FAILED = "failed"        # OVS refused or could not be reached; the reason is in the log
+TRUNK = "trunk"          # a trunk port: its traffic is tagged, so per-pair rules do not apply
+REMOVING = "removing"    # DEL has begun: peers must not pair with it any more
+STATES = (PENDING, WARM, RULES_ONLY, NO_PEERS, CONFLICT, FAILED, TRUNK, REMOVING)
+
+OFPORT_WAIT = 2.0   # vswitchd numbers a new port within milliseconds; a bound, not a pause
+FLOW_WAIT = 0.25    # for the frames' upcalls to become datapath flows
+
+
+def network_bits(network: str) -> int:
+    return int.from_bytes(hashlib.sha256(network.encode()).digest()[:2], "big") << 32
+
+
+def cookie_of(network: str, container_id: str, ifname: str) -> int:
+    low = int.from_bytes(hashlib.sha256(f"{network}/{container_id}/{ifname}".encode()).digest()[:4], "big")
+    return TN | network_bits(network) | low
+
+
+def network_match(network: str) -> str:
+    return f"cookie={TN | network_bits(network):#x}/{TN_MASK | NETWORK_MASK:#x}"
+
+
+@dataclass(frozen=True)
+class End:
+    """One attachment as a pre-warm pair sees it."""
+
+    cookie: int
+    port: str      # its OVS port
+    ofport: int
+    mac: str       # the pod interface's
+    netns: str
+    ifname: str    # in the pod
+    ipv6: bool
+
+    def rule(self, to: End) -> str:
+        return (f"cookie={self.cookie:#x},priority={PRIORITY},in_port={self.ofport},"
+                f"dl_src={self.mac},dl_dst={to.mac},actions=output:{to.ofport}")
+
+    def rule_lines(self, to: End) -> list[str]:
+        # The strict delete first (a cookie of ours only), so a pair warmed twice (two ADDs
+        # racing) ends with one rule, and `check_overlap` then only sees other people's.
+        match = f"priority={PRIORITY},in_port={self.ofport},dl_src={self.mac},dl_dst={to.mac}"
+        return [f"delete_strict cookie={self.cookie:#x}/-1,{match}", f"add check_overlap,{self.rule(to)}"]
+
+
+def enabled(plan: Plan) -> bool:
+    return isinstance(plan, PortPlan) and bool(plan.prewarm)
+
+
+def _pod_interface(record: AttachmentRecord) -> tuple[str, bool] | None:
+    """(MAC, has an IPv6 address) of the pod's interface, from the record's result."""
+    result = record.result or {}
+    mac, index = None, -1
+    for i, iface in enumerate(result.get("interfaces") or []):
+        if isinstance(iface, dict) and iface.get("sandbox") and iface.get("name") == record.ifname:
+            mac, index = iface.get("mac"), i
+            break
+    if not isinstance(mac, str) or not mac:
+        return None
+    ipv6 = any(":" in str(ip.get("address", "")) for ip in result.get("ips") or []
+               if isinstance(ip, dict) and ip.get("interface", index) == index)
+    return mac.lower(), ipv6
+
+
+def _end(db: ovsdb.Ovsdb, record: AttachmentRecord, wait: float) -> End | None:
+    plan = record.plan
+    assert isinstance(plan, PortPlan)
+    port = plan.port_name()
+    pod = _pod_interface(record)
+    if not port or pod is None:
+        return None
+    deadline = time.monotonic() + wait
+    while True:
+        state = db.port(port)
+        if state is None:
+            return None
+        if state.ofport and state.ofport > 0:
+            break
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
+    return End(cookie_of(record.network, record.container_id, record.ifname), port, state.ofport,
+               pod[0], record.netns, record.ifname, pod[1])
+
+
+@contextmanager
+def _bridge_lock(node: NodeConfig, bridge: str) -> Iterator[None]:
+    """One warm or unwarm at a time per bridge (across the agent's threads and processes)."""
+    path = os.path.join(node.state_dir, f"prewarm-{hashlib.sha256(bridge.encode()).hexdigest()[:16]}.lock")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _same_segment(a: PortPlan, b: Plan) -> bool:
+    return isinstance(b, PortPlan) and bool(b.prewarm) and b.prewarm != REMOVING and not b.trunks \
+        and b.bridge == a.bridge and b.ovsdb == a.ovsdb and b.vlan == a.vlan
+
+
+def peers(records: RecordStore, record: AttachmentRecord, limit: int) -> list[AttachmentRecord]:
+    """The ready attachments of the same network, bridge and VLAN, newest first, at most `limit`."""
+    plan = record.plan
+    assert isinstance(plan, PortPlan)
+    found = [r for r in records.list(record.network)
+             if isinstance(r, AttachmentRecord) and r.key != record.key and r.phase == PHASE_READY
+             and _same_segment(plan, r.plan)]
+    found.sort(key=lambda r: r.created, reverse=True)
+    return found[:limit]
+
+
+def records_of(node: NodeConfig, record: AttachmentRecord) -> RecordStore:
+    """The node's records, read with `record`'s plan type (a network has one mode)."""
+    return RecordStore(node.state_dir, lambda mode: type(record.plan) if mode == record.mode else Plan)
+
+
+def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
+    """Pre-warm a ready attachment with its peers; sets the plan's state. Never raises for
+    what OVS or a peer does: pre-warm is an optimisation, and the ADD has succeeded."""
+    plan = record.plan
+    if not enabled(plan):
+        return False
+    assert isinstance(plan, PortPlan)
+    logger = log.get("tenantnet.prewarm")
+    if plan.trunks:
+        plan.prewarm = TRUNK
+        return True
+    started = time.monotonic()
+    target = ofctl.mgmt_target(db.endpoint, plan.bridge or "")
+    try:
+        me = _end(db, record, OFPORT_WAIT)
+        if me is None:
+            plan.prewarm = FAILED
+            logger.warning("prewarm.failed", port=plan.port_name(),
+                           error="the port has no OpenFlow number or the pod interface no MAC")
+            return True
+        with _bridge_lock(node, plan.bridge or ""):
+            pairs = [(p, e) for p in peers(records_of(node, record), record, node.prewarm_max_peers)
+                     if (e := _end(db, p, 0)) is not None]
+            if not pairs:
+                plan.prewarm, plan.prewarm_rules = NO_PEERS, 0
+                return True
+            written, conflicts = _write(target, me, [e for _, e in pairs])
+    except (ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure, ofctl.OfctlError, OSError) as exc:
+        plan.prewarm = FAILED
+        logger.warning("prewarm.failed", port=plan.port_name(), error=str(exc))
+        return True
+    plan.prewarm_rules = 2 * len(written)
+    if not written:
+        plan.prewarm = CONFLICT
+        logger.warning("prewarm.conflict", port=me.port, peers=len(pairs),
+                       error="every pair's rule overlaps a rule of somebody else's at priority "
+                             f"{PRIORITY}; nothing was written")
+        return True
+    for peer in written:
+        _send(me, peer)
+        _send(peer, me)
+    seen = _flows_seen(db.endpoint, me, written)
+    plan.prewarm = CONFLICT if conflicts else WARM if seen else RULES_ONLY
+    logger.info("prewarm.done", port=me.port, pairs=len(written), conflicts=conflicts,
+                flows_seen=seen, state=plan.prewarm, ms=round((time.monotonic() - started) * 1000, 2))
+    return True
+
+
+def _write(target: str, me: End, others: list[End]) -> tuple[list[End], int]:
+    """Write the rules of every pair in one bundle; if some overlap, pair by pair."""
+    try:
+        ofctl.bundle(target, [line for o in others for line in me.rule_lines(o) + o.rule_lines(me)])
+        return others, 0
+    except ofctl.OfctlError as exc:
+        if not exc.overlap:
+            raise
+    written = []
+    for o in others:
+        try:
+            ofctl.bundle(target, me.rule_lines(o) + o.rule_lines(me))
+            written.append(o)
+        except ofctl.OfctlError as exc:
+            if not exc.overlap:
+                raise
+    return written, len(others) - len(written)
+
+
+def _send(src: End, dst: End) -> None:
+    types = [warmframes.ETH_P_IP, warmframes.ETH_P_ARP]
+    if src.ipv6 or dst.ipv6:
+        types.append(warmframes.ETH_P_IPV6)
+    try:
+        warmframes.send(src.netns, src.ifname, [warmframes.frame(src.mac, dst.mac, t) for t in types])
+    except (NamespaceNotFound, OSError) as exc:  # a pod going away meanwhile: its flows do not matter
+        log.get("tenantnet.prewarm").info("prewarm.frame_not_sent", port=src.port, error=str(exc))
+
+
+def _flows_seen(endpoint: str, me: End, others: list[End]) -> bool:
+    """Whether the IPv4 datapath flow of every pair, both ways, is in the datapath now."""
+    wanted = {f"eth(src={a.mac},dst={b.mac})" for o in others for a, b in ((me, o), (o, me))}
+    target = dpctl.find_target(endpoint).path
+    deadline = time.monotonic() + FLOW_WAIT
+    while True:
+        try:
+            text = dpctl.appctl(target, "dpctl/dump-flows", timeout=2.0)
+        except dpctl.OffloadError:
+            return False
+        found = {w for w in wanted if any(w in line and "eth_type(0x0800)" in line
+                                          for line in text.splitlines())}
+        if found == wanted:
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+
+
+def unwarm(node: NodeConfig, db_endpoint: str, record: AttachmentRecord) -> None:
+    """Remove every rule of ours that this attachment's packets come in on, or that sends to
+    it (its MAC on this network). Runs before the port is deleted."""
+    plan = record.plan
+    if not enabled(plan):
+        return
+    assert isinstance(plan, PortPlan)
+    target = ofctl.mgmt_target(db_endpoint, plan.bridge or "")
+    pod = _pod_interface(record)
+    with _bridge_lock(node, plan.bridge or ""):
+        if record.phase == PHASE_READY and plan.prewarm != REMOVING:
+            try:
+                records = records_of(node, record)
+                if records.load(*record.key) is not None:
+                    plan.prewarm = REMOVING
+                    records.save(record, rewrite=True)
+            except (OSError, ValueError):
+                pass  # the rules go anyway; a peer warm meanwhile is undone by GC
+        cookie = cookie_of(record.network, record.container_id, record.ifname)
+        ofctl.delete(target, f"cookie={cookie:#x}/-1")
+        if pod is not None:
+            ofctl.delete(target, f"{network_match(record.network)},dl_dst={pod[0]}")
+
+
+def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: set[str],
+                    record_type: type[Plan]) -> int:
+    """GC: remove our rules of `network` on `bridges` that belong to no recorded attachment —
+    by their cookie (the attachment they come in on) or their destination MAC (the one they
+    send to). Returns how many went."""
+    records = RecordStore(node.state_dir, lambda mode: record_type)
+    removed = 0
+    for bridge in sorted(b for b in bridges if b):
+        target = ofctl.mgmt_target(db_endpoint, bridge)
+        with _bridge_lock(node, bridge):
+            # Rules first, records second: a rule written after the listing belongs to a
+            # record saved before it, which the listing below then sees.
+            rules = ofctl.dump(target, network_match(network))
+            live, macs = set(), set()
+            for r in records.list(network):
+                if isinstance(r, AttachmentRecord):
+                    live.add(cookie_of(r.network, r.container_id, r.ifname))
+                    pod = _pod_interface(r)
+                    if pod is not None and getattr(r.plan, "prewarm", "") != REMOVING:
+                        macs.add(pod[0])
+            doomed = [line for line in rules if _stale(line, live, macs)]
+            if doomed:
+                ofctl.bundle(target, [_strict_delete(line) for line in doomed])
+                removed += len(doomed)
+    return removed
+
+
+def _fields(line: str) -> dict[str, str]:
+    """`key=value` pairs of a dumped rule's cookie and match (ovs-ofctl --no-stats form)."""
+    head = line.split(" actions=", 1)[0].replace(" ", ",")
+    return dict(p.split("=", 1) for p in head.split(",") if "=" in p)
+
+
+def _stale(line: str, live: set[int], macs: set[str]) -> bool:
+    f = _fields(line)
+    try:
+        cookie = int(f.get("cookie", ""), 16)
+    except ValueError:
+        return False
+    return cookie not in live or f.get("dl_dst", "").lower() not in macs
+
+
+def _strict_delete(line: str) -> str:
+    f = _fields(line)
+    return (f"delete_strict cookie={f['cookie']}/-1,priority={f.get('priority', PRIORITY)},"
+            f"in_port={f.get('in_port')},dl_src={f.get('dl_src')},dl_dst={f.get('dl_dst')}")

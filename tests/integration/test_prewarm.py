@@ -1,0 +1,176 @@
+"""Pre-warm on the lab OVS (root): datapath flows between pods exist before any traffic, our
+OpenFlow rules go with DEL and GC, and rules of anyone else are never changed.
+
+The lab's datapath is OVS's userspace one, so "the datapath flow" here is a flow of
+dpif-netdev, shown by `dpctl/dump-flows` like a kernel one (docs/offload.md says what a NIC
+with tc flower adds).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+import pytest
+
+from tenantnet.plugin import modes
+from tenantnet.plugin import nodeconfig as config
+from tenantnet.plugin.drivers import prewarm
+from tenantnet.plugin.records import RecordStore
+from tenantnet.plugin.system import dpctl
+from tests.integration.conftest import new_cid
+
+NET = "warm100"
+FOREIGN = "0x1234"
+
+
+def ofctl(lab, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["ovs-ofctl", "-O", "OpenFlow14", *args[:1], f"unix:{lab.root}/{lab.bridge}.mgmt",
+                           *args[1:]], capture_output=True, text=True, timeout=20, check=check)
+
+
+def rules(lab, match: str = prewarm.OURS) -> list[str]:
+    out = ofctl(lab, "dump-flows", match).stdout
+    return [line.strip() for line in out.splitlines() if "cookie=" in line]
+
+
+def dp_flows(lab) -> str:
+    return dpctl.appctl(str(lab.root / "ovs-vswitchd.ctl"), "dpctl/dump-flows")
+
+
+def no_ipv6(ns) -> None:
+    # The pods' own IPv6 chatter (DAD, router solicitations) is not what this test is about.
+    ns.run("sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1", check=True)
+    ns.run("sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1", check=True)
+
+
+@pytest.fixture
+def warm_conf(plugin, lab):
+    return plugin.conf(name=NET, vlan=100, prewarm=True, ipam={
+        "type": "host-local", "dataDir": str(lab.hostlocal_dir),
+        "ranges": [[{"subnet": "10.91.0.0/24", "rangeStart": "10.91.0.10", "rangeEnd": "10.91.0.60"}]]})
+
+
+def _add_pods(plugin, netns_factory, conf, names):
+    pods = {}
+    for name in names:
+        ns, cid = netns_factory(), new_cid()
+        no_ipv6(ns)
+        inv = plugin.add(conf, ns, cid, cni_args=f"IgnoreUnknown=1;K8S_POD_NAMESPACE=warm;K8S_POD_NAME={name}")
+        assert inv.code == 0, inv.stdout + inv.stderr
+        mac = next(i["mac"] for i in inv.out["interfaces"] if i.get("sandbox"))
+        pods[name] = {"ns": ns, "cid": cid, "mac": mac, "ip": inv.out["ips"][0]["address"].split("/")[0]}
+    return pods
+
+
+def _records(lab):
+    node = config.load(str(lab.node_config))
+    return {r.pod.name: r for r in RecordStore(node.state_dir, modes.plan_type).list(NET)}
+
+
+def _pair_flow(text: str, src: str, dst: str) -> list[str]:
+    return [line for line in text.splitlines()
+            if f"eth(src={src},dst={dst})" in line and "eth_type(0x0800)" in line]
+
+
+def test_flows_exist_before_traffic_and_go_with_del(lab, plugin, netns_factory, warm_conf, no_leftovers):
+    pods = _add_pods(plugin, netns_factory, warm_conf, ["a", "b", "c"])
+    recs = _records(lab)
+    # The first pod had no peer when it was made; each later one paired with all before it.
+    assert recs["a"].plan.prewarm == prewarm.NO_PEERS
+    assert recs["b"].plan.prewarm == prewarm.WARM and recs["b"].plan.prewarm_rules == 2
+    assert recs["c"].plan.prewarm == prewarm.WARM and recs["c"].plan.prewarm_rules == 4
+    ours = rules(lab)
+    assert len(ours) == 6, ours  # 3 pairs × 2 directions
+    text = dp_flows(lab)
+    for x, y in (("a", "b"), ("a", "c"), ("b", "c")):
+        for src, dst in ((x, y), (y, x)):
+            found = _pair_flow(text, pods[src]["mac"], pods[dst]["mac"])
+            # Made by the warm frames, before any packet of the workload: none counted yet.
+            assert found, f"no datapath flow {src}->{dst} before traffic:\n{text}"
+            assert all("packets:0" in line for line in found), found
+    # The workload's packets then hit exactly those rules.
+    res = pods["a"]["ns"].run("ping", "-c", "2", "-i", "0.05", "-W", "1", pods["b"]["ip"])
+    assert res.returncode == 0, res.stdout
+    hit = [line for line in rules(lab) if f"dl_src={pods['a']['mac']},dl_dst={pods['b']['mac']}" in line]
+    assert len(hit) == 1
+    assert int(ofctl(lab, "dump-flows", f"cookie={hit[0].split(',')[0].split('=')[1]}/-1")
+               .stdout.split("n_packets=")[1].split(",")[0]) >= 2
+
+    # DEL of b: every rule into or out of b goes, the a<->c pair stays.
+    assert plugin.call("DEL", warm_conf, pods["b"]["cid"], "", "net1").code == 0
+    left = rules(lab)
+    assert len(left) == 2 and not any(pods["b"]["mac"] in line for line in left), left
+    for name in ("a", "c"):
+        assert plugin.call("DEL", warm_conf, pods[name]["cid"], "", "net1").code == 0
+    assert rules(lab) == []
+
+
+def test_rules_of_others_are_never_replaced_or_removed(lab, plugin, netns_factory, warm_conf, no_leftovers):
+    pods = _add_pods(plugin, netns_factory, warm_conf, ["a"])
+    a = _records(lab)["a"]
+    ofport = json.loads(lab.vsctl("--format=json", "--columns=ofport", "list", "Interface",
+                                  a.plan.host_ifname))["data"][0][0]
+    # Somebody else's rules: one at our priority overlapping what the next pod's pair needs
+    # (from a's port to any destination), one elsewhere in the table.
+    theirs = [f"cookie={FOREIGN},priority=1,in_port={ofport},actions=drop",
+              f"cookie={FOREIGN},priority=500,dl_type=0x88cc,actions=drop"]
+    for rule in theirs:
+        ofctl(lab, "add-flow", rule)
+    try:
+        pods.update(_add_pods(plugin, netns_factory, warm_conf, ["b"]))
+        b = _records(lab)["b"]
+        assert b.plan.prewarm == prewarm.CONFLICT, b.plan.prewarm  # refused, not replaced
+        assert rules(lab) == []  # all or nothing: the bundle wrote none of the pair
+        foreign = rules(lab, f"cookie={FOREIGN}/-1")
+        assert len(foreign) == 2, foreign
+        # GC and DEL of ours remove nothing of theirs.
+        gc = plugin.call("GC", {**warm_conf, "cni.dev/valid-attachments": [
+            {"containerID": p["cid"], "ifname": "net1"} for p in pods.values()]}, "", "", "")
+        assert gc.code == 0, gc.stdout
+        for p in pods.values():
+            assert plugin.call("DEL", warm_conf, p["cid"], "", "net1").code == 0
+        assert len(rules(lab, f"cookie={FOREIGN}/-1")) == 2
+    finally:
+        ofctl(lab, "del-flows", f"cookie={FOREIGN}/-1")
+
+
+def test_gc_removes_rules_of_attachments_that_are_gone(lab, plugin, netns_factory, warm_conf, no_leftovers):
+    pods = _add_pods(plugin, netns_factory, warm_conf, ["a", "b"])
+    assert len(rules(lab)) == 2
+    # What a crash between a rule's write and its record's removal leaves: a rule of ours on
+    # this network for an attachment with no record, and one sending to a MAC nobody has.
+    ghost = prewarm.cookie_of(NET, "f" * 64, "net1")
+    ofctl(lab, "add-flow", f"cookie={ghost:#x},priority=1,in_port=9999,dl_src=02:00:00:00:00:01,"
+                           f"dl_dst={pods['a']['mac']},actions=drop")
+    live_cookie = prewarm.cookie_of(NET, pods["a"]["cid"], "net1")
+    ofctl(lab, "add-flow", f"cookie={live_cookie:#x},priority=1,in_port=9998,dl_src={pods['a']['mac']},"
+                           "dl_dst=02:00:00:00:00:02,actions=drop")
+    assert len(rules(lab)) == 4
+    gc = plugin.call("GC", {**warm_conf, "cni.dev/valid-attachments": [
+        {"containerID": p["cid"], "ifname": "net1"} for p in pods.values()]}, "", "", "")
+    assert gc.code == 0, gc.stdout
+    left = rules(lab)
+    assert len(left) == 2 and not any("9999" in r or "9998" in r for r in left), left
+    for p in pods.values():
+        assert plugin.call("DEL", warm_conf, p["cid"], "", "net1").code == 0
+    assert rules(lab) == []
+
+
+def test_networks_without_prewarm_write_no_rules(lab, plugin, netns_factory, no_leftovers):
+    conf = plugin.conf(name="cold100", vlan=100)
+    pods = _add_pods(plugin, netns_factory, conf, ["a", "b"])
+    assert rules(lab) == []
+    for p in pods.values():
+        assert plugin.call("DEL", conf, p["cid"], "", "net1").code == 0
+
+
+def test_prewarm_is_refused_where_there_is_no_ovs(lab, plugin, netns_factory):
+    conf = plugin.conf(name="nowarm", vlan=None, bridge=None, type="tenantnet", mode="sriov", prewarm=True,
+                       deviceID="0000:00:00.0")
+    inv = plugin.add(conf, netns_factory(), new_cid())
+    assert inv.code != 0 and inv.out["code"] == 2  # an unsupported field value
+    assert "prewarm" in inv.out["msg"]
+    bad = plugin.conf(name=NET, prewarm="yes")
+    inv = plugin.add(bad, netns_factory(), new_cid())
+    assert inv.out["code"] == 7 and "prewarm" in inv.out["msg"] and "true or false" in inv.out["msg"]
