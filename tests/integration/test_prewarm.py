@@ -174,3 +174,17 @@ def test_prewarm_is_refused_where_there_is_no_ovs(lab, plugin, netns_factory):
     bad = plugin.conf(name=NET, prewarm="yes")
     inv = plugin.add(bad, netns_factory(), new_cid())
     assert inv.out["code"] == 7 and "prewarm" in inv.out["msg"] and "true or false" in inv.out["msg"]
+
+
+def test_node_config_sets_the_datapath_idle_time(lab, plugin, netns_factory, warm_conf, tmp_path, no_leftovers):
+    node = tmp_path / "node.yaml"
+    node.write_text(lab.node_config.read_text() + "prewarmMaxIdleMs: 60000\n")
+    plugin.extra_env["TENANTNET_CONFIG"] = str(node)
+    try:
+        pods = _add_pods(plugin, netns_factory, warm_conf, ["a", "b"])
+        assert lab.vsctl("get", "Open_vSwitch", ".", "other_config:max-idle").strip() == '"60000"'
+        for p in pods.values():
+            assert plugin.call("DEL", warm_conf, p["cid"], "", "net1").code == 0
+    finally:
+        lab.vsctl("remove", "Open_vSwitch", ".", "other_config", "max-idle")
+        del plugin.extra_env["TENANTNET_CONFIG"]

@@ -674,7 +674,21 @@ def test_configmap_is_a_valid_node_config(tmp_path: Path) -> None:
     assert node.vf_control == "netlink" and node.sysfs_root == "/sys"
     assert set(yaml.safe_load(path.read_text())) == {"ovsdb", "stateDir", "logFile", "logLevel",
                                                      "ovsdbTimeout", "ovsWait", "sysfsRoot", "vfControl",
-                                                     "agentSocket"}
+                                                     "agentSocket", "metricsPort", "metricsAddress",
+                                                     "metricsOffloadInterval", "vswitchdLog"}
+    assert node.metrics_port == 9477
+
+
+def test_daemonset_exposes_the_metrics_port_of_the_node_config(tmp_path: Path) -> None:
+    spec = _daemonset()["spec"]["template"]
+    agent = next(c for c in spec["spec"]["containers"] if c["name"] == "agent")
+    cm = yaml.safe_load((PACKAGING / "configmap.yaml").read_text())
+    port = yaml.safe_load(cm["data"]["tenantnet.yaml"])["metricsPort"]
+    assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in agent["ports"]
+    assert spec["metadata"]["annotations"]["prometheus.io/port"] == str(port)
+    mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
+    log_dir = str(Path(yaml.safe_load(cm["data"]["tenantnet.yaml"])["vswitchdLog"]).parent)
+    assert mounts[log_dir]["readOnly"] is True  # the agent reads vswitchd's log, never writes it
 
 
 def test_daemonset_runs_the_agent_where_the_shims_look_for_it(tmp_path: Path) -> None:

@@ -42,7 +42,9 @@ def register(subparsers: Any, node_config_path: Callable[[argparse.Namespace], s
     p.add_argument("--network", metavar="N", help="only attachments to this network")
     out = p.add_mutually_exclusive_group()
     out.add_argument("--json", action="store_true", help="machine-readable report")
-    out.add_argument("--prometheus", action="store_true", help="Prometheus text exposition format 0.0.4")
+    out.add_argument("--prometheus", action="store_true",
+                     help="Prometheus text format: the offload families of the agent's /metrics when the "
+                          "node config sets metricsPort (else read from OVS here)")
     out.add_argument("--listen", metavar="ADDR:PORT",
                      help="serve /metrics over HTTP until interrupted (port 0: any free port)")
     p.add_argument("--appctl-target", metavar="PATH",
@@ -85,6 +87,11 @@ def cmd_offload(args: argparse.Namespace) -> int:
 
     if args.listen:
         return _listen(args.listen, lambda: render.render_prometheus(build()))
+    if args.prometheus and node.metrics_port:
+        served = _from_agent(node, filters)
+        if served is not None:
+            sys.stdout.write(served)
+            return 0
     report = build()
     if args.json:
         print(render.render_json(report))
@@ -97,6 +104,49 @@ def cmd_offload(args: argparse.Namespace) -> int:
             print(f"tenantnetctl offload: {report.snapshot.error}", file=sys.stderr)
         return 1
     return 0
+
+
+def _from_agent(node: Any, filters: Any) -> str | None:
+    """The offload families of the agent's /metrics (what Prometheus scrapes; at most
+    metricsOffloadInterval old), filtered like the report; None (and a warning) if the
+    agent does not answer, so the caller reads OVS itself."""
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry, generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tenantnet.ops.flowreport.collector import PREFIX
+
+    host = node.metrics_address
+    host = "127.0.0.1" if host == "0.0.0.0" else "::1" if host == "::" else host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{node.metrics_port}/metrics"
+    try:
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            text = resp.read(64 << 20).decode()
+    except (OSError, ValueError) as exc:
+        print(f"warning: the agent's {url} did not answer ({exc}); reading OVS directly", file=sys.stderr)
+        return None
+
+    def keep(labels: dict[str, str]) -> bool:
+        if filters.pod and "pod" in labels and f"{labels.get('namespace')}/{labels['pod']}" != filters.pod:
+            return False
+        if filters.tenant and "tenant" in labels and labels["tenant"] != filters.tenant:
+            return False
+        return not (filters.network and "network" in labels and labels["network"] != filters.network)
+
+    families = []
+    for family in text_string_to_metric_families(text):
+        if family.name.startswith(PREFIX):
+            family.samples = [s for s in family.samples if keep(s.labels)]
+            families.append(family)
+
+    class Served:
+        def collect(self) -> Any:
+            return families
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Served())  # type: ignore[arg-type]
+    return generate_latest(registry).decode()
 
 
 def _listen(value: str, produce: Any) -> int:

@@ -187,6 +187,7 @@ def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
     started = time.monotonic()
     target = ofctl.mgmt_target(db.endpoint, plan.bridge or "")
     try:
+        _keep_flows(node, db)
         me = _end(db, record, OFPORT_WAIT)
         if me is None:
             plan.prewarm = FAILED
@@ -219,6 +220,15 @@ def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
     logger.info("prewarm.done", port=me.port, pairs=len(written), conflicts=conflicts,
                 flows_seen=seen, state=plan.prewarm, ms=round((time.monotonic() - started) * 1000, 2))
     return True
+
+
+def _keep_flows(node: NodeConfig, db: ovsdb.Ovsdb) -> None:
+    """The datapath idle time the node config asks for (OVS's default is 10 s: a pair
+    quiet for longer loses its flow, and its next packet is a first packet again)."""
+    if node.prewarm_max_idle_ms is not None:
+        wanted = str(node.prewarm_max_idle_ms)
+        if db.other_config().get("max-idle") != wanted:
+            db.set_other_config("max-idle", wanted)
 
 
 def _write(target: str, me: End, others: list[End]) -> tuple[list[End], int]:

@@ -464,6 +464,14 @@ class Ovsdb:
             out.append(_port_state(name, bridge_of.get(_atom(p.get("_uuid"))), p, iface))
         return out
 
+    def set_other_config(self, key: str, value: str) -> None:
+        """Set one key of Open_vSwitch other_config (the node config asks for it: pre-warm's
+        max-idle), leaving every other key as it is."""
+        self._rpc_commit(f"setting other_config:{key}", [{
+            "op": "mutate", "table": "Open_vSwitch", "where": [],
+            "mutations": [["other_config", "delete", _oset([key])],
+                          ["other_config", "insert", ["map", [[key, value]]]]]}])
+
     def set_port_tag(self, name: str, tag: int | None) -> None:
         """Set (None: clear) the access VLAN of an existing port, whoever owns it. Only the
         lab's emulated embedded switch uses this, on its own ports."""

@@ -1,0 +1,123 @@
+"""First-packet round-trip time between two pods, with pre-warm and without, on the lab's OVS.
+
+Per trial: two fresh pods (mode `ovs`, one network, VLAN 300), IPv6 off in both, each with a
+static neighbour entry for the other (so the first packet is the ICMP echo itself, not an
+ARP exchange), then one `ping -c 1` and, 0.2 s later, a second one for the steady state.
+The network has `prewarm: true` or not; the two variants alternate trial by trial so that
+machine noise hits both alike. The lab's datapath is OVS's userspace one (dpif-netdev): a
+miss costs an upcall to ovs-vswitchd's handler thread and a flow translation — what a NIC
+with tc flower pays too, plus the tc/driver insertion there (docs/offload.md).
+
+    .venv/bin/python bench/bench_prewarm.py [--count 20] [--out docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.common import PLUGIN, allow_data_dir, runtime_env, write_block  # noqa: E402
+from tenantnet.lab import node as lab  # noqa: E402
+
+_TIME = re.compile(r"time=([0-9.]+) ms")
+
+
+def _run(*cmd: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(list(cmd), capture_output=True, text=True, check=False, timeout=30)
+
+
+def _plugin(env: dict[str, str], conf: dict, command: str, cid: str, netns: str) -> dict:
+    proc = subprocess.run([PLUGIN], input=json.dumps(conf).encode(), capture_output=True, check=False,
+                          env={**env, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": netns})
+    if proc.returncode != 0:
+        raise SystemExit(f"{command} failed: {proc.stdout.decode()} {proc.stderr.decode()}")
+    return json.loads(proc.stdout) if proc.stdout.strip() else {}
+
+
+def _ping(ns: str, address: str) -> float:
+    res = _run("ip", "netns", "exec", ns, "ping", "-c", "1", "-W", "2", address)
+    m = _TIME.search(res.stdout)
+    if res.returncode != 0 or not m:
+        raise SystemExit(f"ping {address} from {ns} failed: {res.stdout} {res.stderr}")
+    return float(m.group(1))
+
+
+def trial(env: dict[str, str], conf: dict) -> tuple[float, float]:
+    names = [f"tnpw-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    pods = []
+    try:
+        for name in names:
+            _run("ip", "netns", "add", name)
+            for key in ("default", "all"):
+                _run("ip", "netns", "exec", name, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1")
+            cid = uuid.uuid4().hex
+            out = _plugin(env, conf, "ADD", cid, f"/run/netns/{name}")
+            mac = next(i["mac"] for i in out["interfaces"] if i.get("sandbox"))
+            pods.append((name, cid, mac, out["ips"][0]["address"].split("/")[0]))
+        (na, _, maca, ipa), (nb, _, macb, ipb) = pods
+        _run("ip", "-n", na, "neigh", "replace", ipb, "lladdr", macb, "dev", "net1", "nud", "permanent")
+        _run("ip", "-n", nb, "neigh", "replace", ipa, "lladdr", maca, "dev", "net1", "nud", "permanent")
+        first = _ping(na, ipb)
+        time.sleep(0.2)
+        return first, _ping(na, ipb)
+    finally:
+        for name, cid, _, _ in pods:
+            _plugin(env, conf, "DEL", cid, "")
+        for name in names:
+            _run("ip", "netns", "delete", name)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--count", type=int, default=20, help="trials per variant (default 20)")
+    ap.add_argument("--out", help="markdown file to update between the bench_prewarm markers")
+    args = ap.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tnpw-"))
+    info = lab.up(str(work / "lab"))
+    try:
+        node_config = work / "node.yaml"
+        node_config.write_text(allow_data_dir(Path(info.node_config).read_text(), work))
+        env = runtime_env(str(node_config))
+        base = {"cniVersion": "1.0.0", "type": "tenantnet", "bridge": info.bridge, "vlan": 300,
+                "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.230.0.0/24"}]],
+                         "dataDir": str(work / "ipam")}}
+        confs = {"pre-warm": {**base, "name": "bench-warm", "prewarm": True},
+                 "no pre-warm": {**base, "name": "bench-cold"}}
+        results: dict[str, list[tuple[float, float]]] = {k: [] for k in confs}
+        for _ in range(args.count):
+            for variant, conf in confs.items():
+                results[variant].append(trial(env, conf))
+    finally:
+        lab.down(info.root)
+        subprocess.run(["rm", "-rf", str(work)], check=False)
+    lines = [f"Measured {time.strftime('%Y-%m-%d')} on {os.cpu_count()} cores, Linux {platform.release()}; "
+             f"{args.count} fresh pod pairs per variant, alternating; each figure is one ping's "
+             "round-trip time as ping reports it.", "",
+             "First-packet round trip (ICMP echo, static neighbours, lab userspace datapath, ms):", "",
+             "| variant | first packet median | min | max | second packet median |",
+             "|---|---:|---:|---:|---:|"]
+    for variant, rows in results.items():
+        firsts, seconds = [r[0] for r in rows], [r[1] for r in rows]
+        lines.append(f"| {variant} | {statistics.median(firsts):.3f} | {min(firsts):.3f} | {max(firsts):.3f} "
+                     f"| {statistics.median(seconds):.3f} |")
+    warm = statistics.median(r[0] for r in results["pre-warm"])
+    cold = statistics.median(r[0] for r in results["no pre-warm"])
+    lines += ["", f"The first packet takes {cold / warm:.1f}× as long without pre-warm as with it."]
+    write_block(args.out, "bench_prewarm", lines)
+
+
+if __name__ == "__main__":
+    main()
