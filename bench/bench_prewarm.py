@@ -74,7 +74,7 @@ def trial(env: dict[str, str], conf: dict) -> tuple[float, float]:
         time.sleep(0.2)
         return first, _ping(na, ipb)
     finally:
-        for name, cid, _, _ in pods:
+        for _, cid, _, _ in pods:
             _plugin(env, conf, "DEL", cid, "")
         for name in names:
             _run("ip", "netns", "delete", name)
