@@ -32,6 +32,8 @@ class Heartbeat:
                 lambda d: plugin.open_store(d, create=False))
         self.interval = NODE_TTL / 3
         self.log = log
+        self.node_config = node_config
+        self._greeted: set[str] = set()  # remote pre-warm peers this node's pods have greeted
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -55,6 +57,7 @@ class Heartbeat:
             try:
                 self.liveness.beat()
                 self.publisher.beat()
+                self._greet_remote_peers()
                 if failing:
                     self.log.info("cluster.heartbeat_restored", node=self.liveness.node.name)
                 failing = False
@@ -63,6 +66,14 @@ class Heartbeat:
                     self.log.warning("cluster.heartbeat_failed", node=self.liveness.node.name, error=str(exc))
                 failing = True
             self._stop.wait(self.interval)
+
+    def _greet_remote_peers(self) -> None:
+        """Pre-warm towards peers on other nodes that appeared since the last beat
+        (tenantnet/plugin/drivers/prewarm.py, "Peers on other nodes")."""
+        from tenantnet.plugin import modes
+        from tenantnet.plugin.drivers import prewarm
+
+        self._greeted = prewarm.sync_remote(self.node_config, self._greeted, modes.plan_type)
 
     def stop(self) -> None:
         self._stop.set()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from tenantnet.plugin.system import dpctl
 from tests.integration.conftest import new_cid
 
 NET = "warm100"
+PLUGIN_DIR = str(Path(sys.executable).parent)
 FOREIGN = "0x1234"
 
 
@@ -188,3 +191,67 @@ def test_node_config_sets_the_datapath_idle_time(lab, plugin, netns_factory, war
     finally:
         lab.vsctl("remove", "Open_vSwitch", ".", "other_config", "max-idle")
         del plugin.extra_env["TENANTNET_CONFIG"]
+
+
+def test_peers_on_other_nodes_are_warmed_through_the_cluster_store(tmp_path):
+    """The multi-node lab (a simulation: two OVS instances joined by a trunk top-of-rack
+    switch, one etcd). Pod a on node1, pod b on node2, one pre-warming network: b's ADD sends
+    b's frames to a; node1's heartbeat step (`sync_remote`, what its agent runs every few
+    seconds) then sends a's to b. Both nodes' datapaths then hold both directions of the pair
+    before any workload packet; DEL removes the published keys."""
+    from ipam import cluster as ipam_cluster
+    from ipam.etcd import EtcdConfig
+    from tenantnet.lab import cluster
+
+    meta = cluster.up(str(tmp_path / "cluster"), 2)
+    made: list[tuple[dict, str, str]] = []
+    conf = {"cniVersion": "1.0.0", "name": "warmrail", "type": "tenantnet", "bridge": "br-lab", "vlan": 100,
+            "prewarm": True, "ipam": {"type": "tenantnet-ipam", "cluster": {"blockSize": 28, "releaseAfter": 0},
+                                      "ranges": [[{"subnet": "10.97.0.0/24"}]]}}
+
+    def call(node, verb, ns, cid):
+        env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "TENANTNET_CONFIG": node["node_config"],
+               "CNI_COMMAND": verb, "CNI_CONTAINERID": cid, "CNI_NETNS": f"/run/netns/{ns}" if verb == "ADD" else "",
+               "CNI_IFNAME": "net1", "CNI_PATH": f"{PLUGIN_DIR}:/usr/lib/cni"}
+        return subprocess.run([f"{PLUGIN_DIR}/tenantnet"], input=json.dumps(conf).encode(), env=env,
+                              capture_output=True, timeout=60, check=False)
+
+    try:
+        node1, node2 = meta["nodes"]
+        macs = {}
+        for name, node in (("a", node1), ("b", node2)):
+            ns, cid = f"tnpw{name}{new_cid()[:6]}", new_cid()
+            subprocess.run(["ip", "netns", "add", ns], check=True)
+            for key in ("default", "all"):
+                subprocess.run(["ip", "netns", "exec", ns, "sysctl", "-qw", f"net.ipv6.conf.{key}.disable_ipv6=1"],
+                               check=True)
+            made.append((node, ns, cid))
+            proc = call(node, "ADD", ns, cid)
+            assert proc.returncode == 0, proc.stdout
+            macs[name] = next(i["mac"] for i in json.loads(proc.stdout)["interfaces"] if i.get("sandbox"))
+        n1 = config.load(node1["node_config"])
+        recs = {r.network: r for r in RecordStore(n1.state_dir, modes.plan_type).list("warmrail")}
+        assert recs["warmrail"].plan.prewarm == prewarm.NO_PEERS  # a came first, alone
+        n2 = config.load(node2["node_config"])
+        (b_rec,) = list(RecordStore(n2.state_dir, modes.plan_type).list("warmrail"))
+        assert b_rec.plan.prewarm == prewarm.REMOTE_ONLY
+        greeted = prewarm.sync_remote(n1, set(), modes.plan_type)
+        assert len(greeted) == 1
+        assert prewarm.sync_remote(n1, greeted, modes.plan_type) == greeted  # nothing new: nothing sent
+
+        def flows(node) -> str:
+            return dpctl.appctl(str(Path(node["root"]) / "ovs-vswitchd.ctl"), "dpctl/dump-flows")
+
+        for node in (node1, node2):
+            text = flows(node)
+            for src, dst in (("a", "b"), ("b", "a")):
+                assert _pair_flow(text, macs[src], macs[dst]), f"{node['name']}: no {src}->{dst} flow:\n{text}"
+        etcd = ipam_cluster.client(EtcdConfig(n1.etcd_endpoints))
+        assert len(etcd.range(f"{n1.etcd_prefix}prewarm/warmrail/")) == 2
+        for node, ns, cid in made:
+            assert call(node, "DEL", ns, cid).returncode == 0
+        assert etcd.range(f"{n1.etcd_prefix}prewarm/") == []
+    finally:
+        for _, ns, _ in made:
+            subprocess.run(["ip", "netns", "delete", ns], check=False)
+        cluster.down(str(tmp_path / "cluster"))

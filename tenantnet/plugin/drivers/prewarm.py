@@ -20,6 +20,15 @@ mask, so it can only match our rules; every add is `check_overlap`, so a rule of
 else's at priority 1 with an overlapping match makes ours fail (state `conflict`) instead
 of replacing it. All rules of one warm go in one OpenFlow bundle (all or none).
 
+Peers on other nodes (cluster mode: the node config names an etcd): each pre-warming
+attachment is published under `<etcdPrefix>prewarm/<network>/<node>/<container id>/<ifname>`
+(its MAC and VLAN). There is no rule for those pairs — the path to another node is an uplink
+that NORMAL learns, and which one it is only NORMAL knows — only the frames: each node sends
+from its own pods to every remote peer of the same network and VLAN, at the pod's ADD and,
+for peers that appear later, from the agent's heartbeat (`sync_remote`). Since every node
+does the same for its own pods, both directions end up warm, and the frames teach the
+bridges and the top-of-rack switch where each MAC is.
+
 Ports are numbers in OpenFlow: a rule left behind after its port is deleted would send
 traffic to whichever port reuses the number. So DEL removes the rules before the port, and
 under a per-bridge lock marks the record `removing` first, so that a concurrent warm of a
@@ -30,11 +39,14 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import json
 import os
+import re
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from tenantnet.plugin import log
 from tenantnet.plugin.drivers.ovsport import PortPlan
@@ -54,14 +66,16 @@ PENDING = "pending"      # the network pre-warms; this ADD has not got to it (ye
 WARM = "warm"            # rules in, and every pair's datapath flow seen after the frames
 RULES_ONLY = "rules"     # rules in; a datapath flow did not show within the wait
 NO_PEERS = "no-peers"    # nothing to pair with when it was made (later peers pair with it)
+REMOTE_ONLY = "remote"   # no peer on this node; frames sent to the peers on other nodes
 CONFLICT = "conflict"    # a rule of somebody else's overlaps ours: ours were not written
 FAILED = "failed"        # OVS refused or could not be reached; the reason is in the log
 TRUNK = "trunk"          # a trunk port: its traffic is tagged, so per-pair rules do not apply
 REMOVING = "removing"    # DEL has begun: peers must not pair with it any more
-STATES = (PENDING, WARM, RULES_ONLY, NO_PEERS, CONFLICT, FAILED, TRUNK, REMOVING)
+STATES = (PENDING, WARM, RULES_ONLY, NO_PEERS, REMOTE_ONLY, CONFLICT, FAILED, TRUNK, REMOVING)
 
 OFPORT_WAIT = 2.0   # vswitchd numbers a new port within milliseconds; a bound, not a pause
-FLOW_WAIT = 0.25    # for the frames' upcalls to become datapath flows
+FLOW_WAIT = 1.0     # for the frames' upcalls to become datapath flows (ms here; a bound)
+_MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
 def network_bits(network: str) -> int:
@@ -197,27 +211,28 @@ def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
         with _bridge_lock(node, plan.bridge or ""):
             pairs = [(p, e) for p in peers(records_of(node, record), record, node.prewarm_max_peers)
                      if (e := _end(db, p, 0)) is not None]
-            if not pairs:
-                plan.prewarm, plan.prewarm_rules = NO_PEERS, 0
-                return True
-            written, conflicts = _write(target, me, [e for _, e in pairs])
+            written, conflicts = _write(target, me, [e for _, e in pairs]) if pairs else ([], 0)
     except (ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure, ofctl.OfctlError, OSError) as exc:
         plan.prewarm = FAILED
         logger.warning("prewarm.failed", port=plan.port_name(), error=str(exc))
         return True
     plan.prewarm_rules = 2 * len(written)
-    if not written:
+    for peer in written:
+        _send(me, peer)
+        _send(peer, me)
+    remote = _publish_and_greet(node, record, me)
+    seen = False
+    if pairs and not written:
         plan.prewarm = CONFLICT
         logger.warning("prewarm.conflict", port=me.port, peers=len(pairs),
                        error="every pair's rule overlaps a rule of somebody else's at priority "
                              f"{PRIORITY}; nothing was written")
-        return True
-    for peer in written:
-        _send(me, peer)
-        _send(peer, me)
-    seen = _flows_seen(db.endpoint, me, written)
-    plan.prewarm = CONFLICT if conflicts else WARM if seen else RULES_ONLY
-    logger.info("prewarm.done", port=me.port, pairs=len(written), conflicts=conflicts,
+    elif not pairs:
+        plan.prewarm = REMOTE_ONLY if remote else NO_PEERS
+    else:
+        seen = _flows_seen(db.endpoint, me, written)
+        plan.prewarm = CONFLICT if conflicts else WARM if seen else RULES_ONLY
+    logger.info("prewarm.done", port=me.port, pairs=len(written), remote_peers=remote, conflicts=conflicts,
                 flows_seen=seen, state=plan.prewarm, ms=round((time.monotonic() - started) * 1000, 2))
     return True
 
@@ -288,6 +303,7 @@ def unwarm(node: NodeConfig, db_endpoint: str, record: AttachmentRecord) -> None
     assert isinstance(plan, PortPlan)
     target = ofctl.mgmt_target(db_endpoint, plan.bridge or "")
     pod = _pod_interface(record)
+    _unpublish(node, record)
     with _bridge_lock(node, plan.bridge or ""):
         if record.phase == PHASE_READY and plan.prewarm != REMOVING:
             try:
@@ -301,6 +317,110 @@ def unwarm(node: NodeConfig, db_endpoint: str, record: AttachmentRecord) -> None
         ofctl.delete(target, f"cookie={cookie:#x}/-1")
         if pod is not None:
             ofctl.delete(target, f"{network_match(record.network)},dl_dst={pod[0]}")
+
+
+# ---- peers on other nodes (cluster mode) ------------------------------------------------
+
+@dataclass(frozen=True)
+class Published:
+    """A pre-warming attachment as the cluster store shows it."""
+
+    key: str
+    network: str
+    node: str
+    mac: str
+    vlan: int | None
+
+
+def _cluster(node: NodeConfig) -> tuple[Any, str, str] | None:
+    """(etcd client, this node's name, key prefix of pre-warm) or None without a cluster store."""
+    from ipam import cluster
+    from tenantnet.plugin import ipam_client
+
+    me = ipam_client.cluster_node(node)
+    if me is None:
+        return None
+    return cluster.client(me.etcd), me.name, f"{me.prefix}prewarm/"
+
+
+def _published(value: bytes, key: str, base: str) -> Published | None:
+    parts = key[len(base):].split("/")
+    try:
+        data = json.loads(value)
+        mac, vlan = str(data["mac"]).lower(), data.get("vlan")
+    except (ValueError, KeyError, TypeError):
+        return None  # not ours to judge: somebody else's key under the prefix is skipped
+    if len(parts) != 4 or not _MAC.fullmatch(mac) or not (vlan is None or isinstance(vlan, int)):
+        return None
+    return Published(key, parts[0], parts[1], mac, vlan)
+
+
+def _publish_and_greet(node: NodeConfig, record: AttachmentRecord, me: End) -> int:
+    """Publish `record` and send its frames to the network's peers on other nodes; how many."""
+    store = _cluster(node)
+    if store is None:
+        return 0
+    etcd, name, base = store
+    plan = record.plan
+    assert isinstance(plan, PortPlan)
+    logger = log.get("tenantnet.prewarm")
+    try:
+        etcd.put(f"{base}{record.network}/{name}/{record.container_id}/{record.ifname}",
+                 json.dumps({"mac": me.mac, "vlan": plan.vlan}).encode())
+        remote = [p for kv in etcd.range(f"{base}{record.network}/")
+                  if (p := _published(kv.value, kv.key, base)) is not None
+                  and p.node != name and p.vlan == plan.vlan]
+    except Exception as exc:  # the cluster store is down: the local pairs are warm anyway
+        logger.warning("prewarm.cluster_unavailable", error=str(exc))
+        return 0
+    for peer in remote[:node.prewarm_max_peers]:
+        _send(me, End(0, "", 0, peer.mac, "", "", False))
+    return min(len(remote), node.prewarm_max_peers)
+
+
+def _unpublish(node: NodeConfig, record: AttachmentRecord) -> None:
+    store = _cluster(node)
+    if store is None:
+        return
+    etcd, name, base = store
+    try:
+        etcd.delete(f"{base}{record.network}/{name}/{record.container_id}/{record.ifname}")
+    except Exception as exc:  # left for sync_remote on this node to remove later
+        log.get("tenantnet.prewarm").warning("prewarm.cluster_unavailable", error=str(exc))
+
+
+def sync_remote(node: NodeConfig, greeted: set[str], plan_type: Callable[[str], type[Plan]]) -> set[str]:
+    """The agent's heartbeat: greet remote peers that appeared since the last call (send
+    frames from this node's pre-warmed pods of the same network and VLAN to them) and drop
+    this node's published keys that no record backs any more (a DEL that could not reach the
+    store). `greeted`: the remote keys handled so far; returns the new set."""
+    store = _cluster(node)
+    if store is None:
+        return greeted
+    etcd, name, base = store
+    entries = [p for kv in etcd.range(base) if (p := _published(kv.value, kv.key, base)) is not None]
+    remote = [p for p in entries if p.node != name]
+    fresh = [p for p in remote if p.key not in greeted]
+    if fresh:
+        records = RecordStore(node.state_dir, plan_type)
+        mine = [r for r in records.list() if isinstance(r, AttachmentRecord) and r.phase == PHASE_READY
+                and enabled(r.plan) and getattr(r.plan, "prewarm", "") != REMOVING]
+        for r in mine:
+            pod = _pod_interface(r)
+            plan = r.plan
+            assert isinstance(plan, PortPlan)
+            for peer in fresh:
+                if pod is not None and peer.network == r.network and peer.vlan == plan.vlan:
+                    _send(End(0, plan.port_name() or "", 0, pod[0], r.netns, r.ifname, pod[1]),
+                          End(0, "", 0, peer.mac, "", "", False))
+    own = {p.key for p in entries if p.node == name}
+    if own:
+        records = RecordStore(node.state_dir, plan_type)
+        backed = {f"{base}{r.network}/{name}/{r.container_id}/{r.ifname}" for r in records.list()
+                  if isinstance(r, AttachmentRecord)}
+        for key in own - backed:
+            etcd.delete(key)
+    return {p.key for p in remote}
 
 
 def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: set[str],
