@@ -145,6 +145,7 @@ class Agent:
         self._inode = 0
         self.log: Any = None
         self._heartbeat: Any = None
+        self._keeper: Any = None
         self._collectors = tuple(collectors)
         self.metrics: Any = None  # entry/metrics.AgentMetrics while /metrics is served
         self.metrics_address: tuple[str, int] | None = None
@@ -184,11 +185,13 @@ class Agent:
         listener.settimeout(0.5)  # wake up to notice a stop request
         self._listener = listener
         self._warm_up()
-        from tenantnet.entry.heartbeat import Heartbeat
+        from tenantnet.entry.heartbeat import Heartbeat, PrewarmKeeper
 
         node = self._node(self.node_config)
         self._heartbeat = Heartbeat(node, self.log)
         self._heartbeat.start()
+        self._keeper = PrewarmKeeper(node, self.log, node.prewarm_reconcile_interval)
+        self._keeper.start()
         if node.metrics_port:
             self._serve_metrics(node)
         self.log.info("agent.started", pid=os.getpid(), socket=self.socket_path,
@@ -263,6 +266,8 @@ class Agent:
         self._conns.shutdown(wait=False)
         if self._heartbeat is not None:
             self._heartbeat.stop()  # deregistered: the node is no longer serving
+        if self._keeper is not None:
+            self._keeper.stop()
         if self.metrics is not None:
             self.metrics.stop()
         # No OVSDB close: exiting closes the connection just as well.

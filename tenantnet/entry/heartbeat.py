@@ -13,6 +13,42 @@ import threading
 from typing import Any
 
 
+class PrewarmKeeper:
+    """Every `interval` seconds, re-warm attachments whose pre-warm rules are gone (an
+    ovs-vswitchd restart empties its OpenFlow tables): tenantnet/plugin/drivers/prewarm.py,
+    `reconcile`. A round reads the records, and only where some pre-warm, one `ovs-ofctl
+    dump-flows` per bridge; nothing else unless rules are missing."""
+
+    def __init__(self, node_config: Any, log: Any, interval: float = 30.0) -> None:
+        self.node_config = node_config
+        self.log = log
+        self.interval = interval
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="tenantnet-prewarm-keeper", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        from tenantnet.plugin import modes
+        from tenantnet.plugin.drivers import prewarm
+
+        while not self._stop.wait(self.interval):
+            try:
+                rewarmed = prewarm.reconcile(self.node_config, modes.plan_type)
+            except Exception as exc:  # OVS or the state dir unreadable: next round retries
+                self.log.warning("prewarm.reconcile_failed", error=f"{type(exc).__name__}: {exc}")
+                continue
+            if rewarmed:
+                self.log.info("prewarm.rewarmed", attachments=rewarmed)
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+
 class Heartbeat:
     def __init__(self, node_config: Any, log: Any) -> None:
         from ipam.nodes import NODE_TTL, Liveness

@@ -98,6 +98,8 @@ class NodeConfig:
     prewarm: bool = False
     prewarm_max_peers: int = 64
     prewarm_max_idle_ms: int | None = None
+    # How often the agent re-writes pre-warm rules that vanished (an ovs-vswitchd restart).
+    prewarm_reconcile_interval: float = 30.0
     source: str = "(defaults)"
 
     @property
@@ -166,6 +168,8 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "prewarm": ("prewarm", bool, "true or false (the default of networks that do not say)"),
     "prewarmMaxPeers": ("prewarm_max_peers", int, "a number of peers between 1 and 1024"),
     "prewarmMaxIdleMs": ("prewarm_max_idle_ms", int, "milliseconds between 1000 and 3600000"),
+    "prewarmReconcileInterval": ("prewarm_reconcile_interval", float,
+                                 "a number of seconds between 1 and 3600"),
 }
 
 _VF_CONTROL = re.compile(r"[a-z][a-z0-9-]*:\S+")
@@ -320,6 +324,8 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
         elif key == "prewarmMaxPeers" and not 1 <= cast(int, value) <= 1024:
             raise _bad(path, key, value, allowed)
         elif key == "prewarmMaxIdleMs" and not 1000 <= cast(int, value) <= 3600000:
+            raise _bad(path, key, value, allowed)
+        elif key == "prewarmReconcileInterval" and not 1 <= cast(float, value) <= 3600:
             raise _bad(path, key, value, allowed)
         elif key == "etcdPrefix":
             prefix = cast(str, value)

@@ -9,6 +9,7 @@ with tc flower adds).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -255,3 +256,22 @@ def test_peers_on_other_nodes_are_warmed_through_the_cluster_store(tmp_path):
         for _, ns, _ in made:
             subprocess.run(["ip", "netns", "delete", ns], check=False)
         cluster.down(str(tmp_path / "cluster"))
+
+
+def test_rules_lost_with_the_switch_are_written_again(lab, plugin, netns_factory, warm_conf, no_leftovers):
+    """What an ovs-vswitchd restart does to OpenFlow tables (they are not persistent),
+    simulated by deleting our rules: the agent's periodic `reconcile` writes them again."""
+    def bare() -> list[str]:  # the rules without their counters
+        return sorted(re.sub(r"(duration|n_packets|n_bytes|idle_age|hard_age)=[^,]*, ", "", r) for r in rules(lab))
+
+    pods = _add_pods(plugin, netns_factory, warm_conf, ["a", "b"])
+    before = bare()
+    assert len(before) == 2
+    ofctl(lab, "del-flows", prewarm.OURS)
+    assert rules(lab) == []
+    node = config.load(str(lab.node_config))
+    assert prewarm.reconcile(node, modes.plan_type) == 1  # b (warm) re-pairs with a
+    assert bare() == before
+    assert prewarm.reconcile(node, modes.plan_type) == 0  # nothing missing: nothing written
+    for p in pods.values():
+        assert plugin.call("DEL", warm_conf, p["cid"], "", "net1").code == 0

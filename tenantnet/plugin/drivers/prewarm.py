@@ -423,6 +423,44 @@ def sync_remote(node: NodeConfig, greeted: set[str], plan_type: Callable[[str], 
     return {p.key for p in remote}
 
 
+def reconcile(node: NodeConfig, plan_type: Callable[[str], type[Plan]]) -> int:
+    """Re-warm attachments whose rules are gone while they still have peers here — what an
+    ovs-vswitchd restart does (OpenFlow tables are not persistent). The agent runs it
+    periodically; it only ever adds our own rules through `warm`. Returns how many re-warmed."""
+    from tenantnet.plugin.drivers import ovsport
+
+    records = RecordStore(node.state_dir, plan_type)
+    mine = [r for r in records.list() if isinstance(r, AttachmentRecord) and r.phase == PHASE_READY
+            and enabled(r.plan) and getattr(r.plan, "prewarm", "") in (WARM, RULES_ONLY, FAILED)]
+    rewarmed = 0
+    present: dict[tuple[str, str], set[int]] = {}
+    for r in mine:
+        plan = r.plan
+        assert isinstance(plan, PortPlan)
+        db = ovsport.ovsdb_for(node, plan.ovsdb)
+        where = (db.endpoint, plan.bridge or "")
+        if where not in present:
+            try:
+                lines = ofctl.dump(ofctl.mgmt_target(*where), OURS)
+            except ofctl.OfctlError:
+                continue
+            present[where] = {c for line in lines if (c := _cookie(line)) is not None}
+        if cookie_of(r.network, r.container_id, r.ifname) in present[where]:
+            continue
+        if warm(node, db, r):
+            records.save(r, rewrite=True)
+            rewarmed += 1
+            present.pop(where, None)  # its warm wrote peers' rules too: read again
+    return rewarmed
+
+
+def _cookie(line: str) -> int | None:
+    try:
+        return int(_fields(line).get("cookie", ""), 16)
+    except ValueError:
+        return None
+
+
 def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: set[str],
                     record_type: type[Plan]) -> int:
     """GC: remove our rules of `network` on `bridges` that belong to no recorded attachment —

@@ -1,0 +1,112 @@
+"""Pre-warm's pure parts: cookies, rule text, the rules GC deems stale, what the cluster store
+may hold, and the warm frames (each must be dropped by the peer's kernel, never delivered)."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import pytest
+
+from tenantnet.plugin.drivers import prewarm
+from tenantnet.plugin.drivers.ovs import OvsPlan
+from tenantnet.plugin.records import PHASE_READY, AttachmentRecord
+from tenantnet.plugin.system import ofctl, warmframes
+
+A = "0a:58:0a:00:00:01"
+B = "0a:58:0a:00:00:02"
+
+
+def test_cookies_are_ours_per_network_and_per_attachment():
+    c = prewarm.cookie_of("rail0", "c" * 64, "net1")
+    assert c >> 48 == 0x746E  # "tn": every delete is masked to it
+    assert c & prewarm.NETWORK_MASK == prewarm.cookie_of("rail0", "d" * 64, "net2") & prewarm.NETWORK_MASK
+    assert c & prewarm.NETWORK_MASK != prewarm.cookie_of("rail1", "c" * 64, "net1") & prewarm.NETWORK_MASK
+    assert c != prewarm.cookie_of("rail0", "c" * 64, "net2")
+    value, mask = prewarm.network_match("rail0").removeprefix("cookie=").split("/")
+    assert int(value, 16) == c & ~0xFFFFFFFF and int(mask, 16) == 0xFFFFFFFF00000000
+    assert prewarm.OURS == "cookie=0x746e000000000000/0xffff000000000000"
+
+
+def test_rule_lines_delete_only_our_own_identical_rule_then_add_with_check_overlap():
+    a = prewarm.End(prewarm.cookie_of("n", "a", "net1"), "tna", 3, A, "/run/netns/a", "net1", False)
+    b = prewarm.End(prewarm.cookie_of("n", "b", "net1"), "tnb", 4, B, "/run/netns/b", "net1", False)
+    delete, add = a.rule_lines(b)
+    assert delete == f"delete_strict cookie={a.cookie:#x}/-1,priority=1,in_port=3,dl_src={A},dl_dst={B}"
+    assert add == f"add check_overlap,cookie={a.cookie:#x},priority=1,in_port=3,dl_src={A},dl_dst={B}," \
+                  "actions=output:4"
+
+
+def test_gc_judges_rules_by_cookie_and_destination():
+    live = {prewarm.cookie_of("n", "a", "net1")}
+    good = f" cookie={min(live):#x}, priority=1,in_port=3,dl_src={A},dl_dst={B} actions=output:4"
+    assert not prewarm._stale(good, live, {B})
+    assert prewarm._stale(good, live, {A})          # sends to a MAC nobody on the network has
+    assert prewarm._stale(good, set(), {B})         # comes in on an attachment with no record
+    assert not prewarm._stale(" priority=0 actions=NORMAL", live, {B})  # no cookie: not judged
+    assert prewarm._strict_delete(good) == (f"delete_strict cookie={min(live):#x}/-1,priority=1,"
+                                            f"in_port=3,dl_src={A},dl_dst={B}")
+
+
+def test_only_well_formed_published_peers_are_used():
+    base = "/tenantnet/prewarm/"
+    ok = prewarm._published(json.dumps({"mac": A.upper(), "vlan": 100}).encode(), base + "rail/node2/c/net1", base)
+    assert ok == prewarm.Published(base + "rail/node2/c/net1", "rail", "node2", A, 100)
+    for value, key in ((b"{not json", "rail/n/c/i"), (json.dumps({"mac": "ff"}).encode(), "rail/n/c/i"),
+                       (json.dumps({"mac": A, "vlan": "100"}).encode(), "rail/n/c/i"),
+                       (json.dumps({"mac": A}).encode(), "rail/n/c"),
+                       (json.dumps({"vlan": 1}).encode(), "rail/n/c/i")):
+        assert prewarm._published(value, base + key, base) is None
+
+
+def test_the_pod_interface_is_read_from_the_result():
+    rec = AttachmentRecord(network="n", container_id="c", ifname="net1", mode="ovs", phase=PHASE_READY,
+                           plan=OvsPlan(host_ifname="tn0", prewarm="warm"),
+                           result={"interfaces": [{"name": "tn0", "mac": "aa:aa:aa:aa:aa:aa"},
+                                                  {"name": "net1", "mac": A.upper(), "sandbox": "/run/netns/x"}],
+                                   "ips": [{"address": "10.0.0.2/24", "interface": 1},
+                                           {"address": "fd00::2/64", "interface": 1}]})
+    assert prewarm._pod_interface(rec) == (A, True)
+    rec.result = {"interfaces": [{"name": "net1", "mac": A, "sandbox": "/x"}], "ips": [
+        {"address": "10.0.0.2/24", "interface": 0}]}
+    assert prewarm._pod_interface(rec) == (A, False)
+    rec.result = None
+    assert prewarm._pod_interface(rec) is None
+    assert prewarm.enabled(OvsPlan(prewarm="pending")) and not prewarm.enabled(OvsPlan())
+
+
+def _ones_complement(data: bytes) -> int:
+    total = sum(struct.unpack(f"!{len(data) // 2}H", data))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    return total
+
+
+@pytest.mark.parametrize("ethertype", [warmframes.ETH_P_IP, warmframes.ETH_P_ARP, warmframes.ETH_P_IPV6])
+def test_warm_frames_are_addressed_minimum_size_and_undeliverable(ethertype):
+    frame = warmframes.frame(A, B, ethertype)
+    assert frame[:6] == bytes.fromhex(B.replace(":", "")) and frame[6:12] == bytes.fromhex(A.replace(":", ""))
+    assert struct.unpack("!H", frame[12:14])[0] == ethertype and len(frame) >= 60
+    body = frame[14:]
+    if ethertype == warmframes.ETH_P_IP:
+        header = body[:20]
+        assert header[0] == 0x45 and struct.unpack("!H", header[2:4])[0] <= len(body)
+        assert _ones_complement(header) != 0xFFFF  # a valid header sums to 0xffff: this one must not
+        assert header[6] & 0x20 == 0 and struct.unpack("!H", header[6:8])[0] & 0x1FFF == 0  # not a fragment
+    elif ethertype == warmframes.ETH_P_ARP:
+        assert body[4] == 0  # hardware address length 0: arp_rcv drops it
+    else:
+        assert body[0] >> 4 == 6 and body[6] == 59 and body[24:40] == bytes(16)  # no next header, to ::
+    assert warmframes.MARK in frame or ethertype == warmframes.ETH_P_ARP
+
+
+def test_macs_are_checked():
+    with pytest.raises(ValueError):
+        warmframes.frame("not-a-mac", B, warmframes.ETH_P_IP)
+
+
+def test_mgmt_target_is_next_to_the_ovsdb_socket(tmp_path):
+    (tmp_path / "br0.mgmt").touch()
+    assert ofctl.mgmt_target(f"unix:{tmp_path}/db.sock", "br0") == f"unix:{tmp_path}/br0.mgmt"
+    assert ofctl.mgmt_target(f"unix:{tmp_path}/db.sock", "br1") == "br1"
+    assert ofctl.mgmt_target("tcp:10.0.0.1:6640", "br0") == "br0"
