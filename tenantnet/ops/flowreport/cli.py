@@ -17,11 +17,14 @@ from typing import Any
 
 from tenantnet.plugin import nodepath
 
+LOG_TAIL_BYTES = 4 << 20  # --vswitchd-log reads at most the last 4 MB
+
 EPILOG = """examples:
   tenantnetctl offload                         # every attachment on this node, as a table
   tenantnetctl offload --tenant team-a --json
   tenantnetctl offload --pod team-a/train-0 --prometheus
   tenantnetctl offload --listen 127.0.0.1:9477 # serve /metrics for Prometheus
+  tenantnetctl offload --vswitchd-log /var/log/openvswitch/ovs-vswitchd.log  # why flows are not offloaded
 """
 
 
@@ -52,6 +55,9 @@ def register(subparsers: Any, node_config_path: Callable[[argparse.Namespace], s
                         "socket, else ovs-appctl's default)")
     p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                    help="per ovs-appctl / ovs-vsctl call (default: the node config's ovsdbTimeout)")
+    p.add_argument("--vswitchd-log", metavar="PATH",
+                   help="also read the last 4 MB of this ovs-vswitchd log and blame each offload refusal "
+                        "in it on the pod whose port it names (findings offload-REASON)")
     p.set_defaults(func=cmd_offload, node_config_path=node_config_path)
     return p
 
@@ -63,8 +69,12 @@ def _node(args: argparse.Namespace) -> Any:
 
 
 def cmd_offload(args: argparse.Namespace) -> int:
-    from tenantnet.ops.flowreport import render
-    from tenantnet.ops.flowreport.report import Filters, report_for_node
+    from tenantnet.ops.flowreport import (
+        attribution,  # noqa: F401 (imported for its finding source: per-pod offload failures)
+        render,
+    )
+    from tenantnet.ops.flowreport.report import Filters, build_report, collect, load_views
+    from tenantnet.plugin.system import offloadlog
 
     if args.pod is not None and args.pod.count("/") != 1:
         print("tenantnetctl offload: --pod takes NAMESPACE/NAME", file=sys.stderr)
@@ -80,10 +90,17 @@ def cmd_offload(args: argparse.Namespace) -> int:
     filters = Filters(pod=args.pod, tenant=args.tenant, network=args.network)
 
     def build() -> Any:
-        report, warnings = report_for_node(node, filters, args.appctl_target, args.timeout)
+        # report_for_node, with the log lines put into the snapshot before the findings run
+        views, warnings = load_views(node, filters)
+        snap = collect(node, args.appctl_target, args.timeout)
+        if args.vswitchd_log:
+            try:
+                snap.vswitchd_log = offloadlog.read_tail(args.vswitchd_log, LOG_TAIL_BYTES)
+            except OSError as exc:
+                warnings.append(f"--vswitchd-log: {exc}")
         for w in warnings:
             print(f"warning: {w}", file=sys.stderr)
-        return report
+        return build_report(node, snap, views)
 
     if args.listen:
         return _listen(args.listen, lambda: render.render_prometheus(build()))

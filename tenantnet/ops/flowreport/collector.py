@@ -6,6 +6,11 @@ keeps the last report and builds a new one at most every `metricsOffloadInterval
 on the scrape's thread, one at a time — a second scraper meanwhile gets the last report
 rather than a second round of `ovs-appctl` calls. Reading OVS never happens on a CNI call's
 path, and no CNI call waits for it.
+
+`tenantnet_offload_failures_total` counts the offload refusals ovs-vswitchd logs, per pod
+and reason (attribution.py): the agent reads the log's new lines at each rebuild (a cursor
+that starts at the log's end when the agent starts, and reads at most 1 MiB a time), so the
+counter only grows; a one-shot report counts the refusals in the lines it was given.
 """
 
 from __future__ import annotations
@@ -15,13 +20,17 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from prometheus_client.core import Metric
+from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from tenantnet.ops.flowreport import attribution
 from tenantnet.ops.flowreport.report import AttachmentView, Report
 from tenantnet.plugin.system.dpflows import CLASSES
 
 PREFIX = "tenantnet_offload_"
+FAILURE_LABELS = ("namespace", "pod", "network", "reason")
+LOG_READ_BYTES = 1 << 20  # per rebuild: a log flooded with refusals is caught up over rounds
+FailureCounts = dict[tuple[str, ...], float]
 
 
 class _Families:
@@ -41,6 +50,23 @@ class _Families:
 def _attachment_labels(a: AttachmentView) -> dict[str, str]:
     return {"namespace": a.namespace, "pod": a.pod, "tenant": a.tenant or "", "network": a.network,
             "ifname": a.ifname, "port": a.port or "", "mode": a.mode}
+
+
+def count_failures(report: Report, lines: Iterable[str], into: FailureCounts) -> None:
+    """Add the refusals in `lines` (log lines) to `into`, per pod and reason."""
+    for failure in attribution.failures_for(report, lines):
+        if failure.source == "log":
+            key = tuple(attribution.count_key(failure)[k] for k in FAILURE_LABELS)
+            into[key] = into.get(key, 0) + failure.count
+
+
+def failures_metric(counts: FailureCounts) -> Metric:
+    family = CounterMetricFamily(PREFIX + "failures", "offload refusals ovs-vswitchd logged, blamed on the "
+                                 "pod whose port the flow touches (\"\" labels: no pod), by reason "
+                                 "(docs/offload.md)", labels=list(FAILURE_LABELS))
+    for key, value in sorted(counts.items()):
+        family.add_metric(list(key), value)
+    return family
 
 
 def report_metrics(report: Report) -> list[Metric]:
@@ -114,16 +140,21 @@ class ReportCollector(Collector):
         self.report = report
 
     def collect(self) -> Iterable[Metric]:
-        return report_metrics(self.report)
+        counts: FailureCounts = {}
+        count_failures(self.report, self.report.snapshot.vswitchd_log, counts)
+        return [*report_metrics(self.report), failures_metric(counts)]
 
 
 class NodeOffloadCollector(Collector):
     """The agent's offload families, from a report at most `metricsOffloadInterval` old."""
 
     def __init__(self, node: Callable[[], Any],
-                 build: Callable[[Any], Report] | None = None) -> None:
+                 build: Callable[[Any, list[str]], Report] | None = None) -> None:
+        """`build(node, log_lines)`: the report (default: the node's, from OVS)."""
         self._node = node
         self._build = build or _build_report
+        self._cursor: Any = None  # offloadlog.LogCursor of node.vswitchd_log
+        self._failures: FailureCounts = {}
         self._refreshing = threading.Lock()
         self._families: list[Metric] = []
         self._built = float("-inf")
@@ -135,17 +166,35 @@ class NodeOffloadCollector(Collector):
         if (stale or not self._families) and self._refreshing.acquire(blocking=not self._families):
             try:
                 if time.monotonic() - self._built >= node.metrics_offload_interval or not self._families:
-                    self._families = report_metrics(self._build(node))
+                    lines = self._new_log_lines(node)
+                    report = self._build(node, lines)
+                    count_failures(report, lines, self._failures)
+                    self._families = [*report_metrics(report), failures_metric(self._failures)]
                     self._built = time.monotonic()
             finally:
                 self._refreshing.release()
         return list(self._families)
 
 
-def _build_report(node: Any) -> Report:
-    from tenantnet.ops.flowreport.report import report_for_node
+    def _new_log_lines(self, node: Any) -> list[str]:
+        from tenantnet.plugin.system import offloadlog
 
-    return report_for_node(node)
+        if self._cursor is None or self._cursor.path != node.vswitchd_log:
+            # From the end: refusals logged before this agent started were counted by the last one.
+            self._cursor = offloadlog.LogCursor(node.vswitchd_log, start_at_end=True)
+        try:
+            return list(self._cursor.read_new(LOG_READ_BYTES))
+        except OSError:  # no log (OVS logs elsewhere, or not yet): no refusals to count
+            return []
+
+
+def _build_report(node: Any, lines: list[str]) -> Report:
+    from tenantnet.ops.flowreport.report import build_report, collect, load_views
+
+    views, _ = load_views(node)  # the warnings name unreadable records; the report has no place for them
+    snap = collect(node)
+    snap.vswitchd_log = lines  # before the findings run: attribution's source reads them
+    return build_report(node, snap, views)
 
 
 def node_collector(node: Callable[[], Any]) -> Collector:

@@ -149,6 +149,9 @@ class Snapshot:
     ovs: source.OvsState = field(default_factory=source.OvsState)
     error: str | None = None
     duration: float = 0.0
+    # ovs-vswitchd log lines read with it (tenantnetctl offload --vswitchd-log), for the
+    # per-pod offload failures of attribution.py
+    vswitchd_log: list[str] = field(default_factory=list)
 
 
 @dataclass
