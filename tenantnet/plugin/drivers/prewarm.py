@@ -291,7 +291,7 @@ def _flows_seen(endpoint: str, me: End, others: list[End]) -> bool:
             return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.02)
+        time.sleep(0.003)  # an upcall is handled within a millisecond or two
 
 
 def unwarm(node: NodeConfig, db_endpoint: str, record: AttachmentRecord) -> None:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -76,7 +77,57 @@ def _run(cmd: list[str], timeout: float, what: str) -> str:
     return proc.stdout
 
 
+MAX_REPLY = 256 << 20  # a dump of every flow of a loaded node is tens of MB; a bound all the same
+
+
+def _unixctl(path: str, args: tuple[str, ...], timeout: float) -> str:
+    """What `ovs-appctl -t PATH ARGS` prints, asked over the control socket itself: one JSON-RPC
+    request (OVS's unixctl protocol, lib/unixctl.c) instead of an exec — ≈ 0.5 ms, not 5."""
+    import socket
+
+    what = f"ovs-appctl -t {path} {' '.join(args)}"
+    deadline = time.monotonic() + timeout
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(path)
+        except OSError as exc:
+            raise OffloadError(f"{what} failed: cannot connect ({exc.strerror or exc}) — is ovs-vswitchd "
+                               "running? Give its control socket with --appctl-target PATH") from None
+        sock.sendall(json.dumps({"id": 0, "method": args[0], "params": list(args[1:])}).encode())
+        buf, decoder = b"", json.JSONDecoder()
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise OffloadError(f"{what}: no answer within {timeout:g} s")
+            sock.settimeout(left)
+            try:
+                chunk = sock.recv(1 << 20)
+            except TimeoutError:
+                raise OffloadError(f"{what}: no answer within {timeout:g} s") from None
+            if not chunk:
+                raise OffloadError(f"{what} failed: ovs-vswitchd closed the connection")
+            buf += chunk
+            if len(buf) > MAX_REPLY:
+                raise OffloadError(f"{what}: answer larger than {MAX_REPLY >> 20} MiB")
+            try:
+                reply, _ = decoder.raw_decode(buf.decode())
+            except (ValueError, UnicodeDecodeError):
+                continue  # not complete yet
+            break
+    finally:
+        sock.close()
+    if not isinstance(reply, dict):
+        raise OffloadError(f"{what} failed: not a JSON-RPC reply")
+    if reply.get("error") is not None:
+        raise OffloadError(f"{what} failed: {str(reply['error']).strip()}")
+    return str(reply.get("result") or "")
+
+
 def appctl(target: str, *args: str, timeout: float = DEFAULT_TIMEOUT) -> str:
+    if target.startswith("/") and os.path.exists(target):
+        return _unixctl(target, args, timeout)
     try:
         return _run(["ovs-appctl", "-t", target, f"--timeout={max(1, int(timeout))}", *args], timeout,
                     f"ovs-appctl -t {target} {' '.join(args)}")
