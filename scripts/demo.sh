@@ -14,6 +14,7 @@ LAB=/run/tenantnet-lab
 export TENANTNET_CONFIG=$LAB/tenantnet.yaml
 V100=packaging/examples/ovs-vlan100.json
 V200=packaging/examples/ovs-vlan200.json
+WARM=packaging/examples/ovs-rail-prewarm.json
 bold() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 failures=0
 
@@ -22,6 +23,7 @@ cleanup() {
   bold "detaching every pod and taking the lab down"
   for pod in a b; do $CTL detach --config $V100 --pod demo/$pod >/dev/null 2>&1; done
   $CTL detach --config $V200 --pod demo/c >/dev/null 2>&1
+  for pod in p q; do $CTL detach --config $WARM --pod demo/$pod >/dev/null 2>&1; done
   $CTL lab down --dir $LAB
 }
 trap cleanup EXIT
@@ -58,6 +60,28 @@ bold "CHECK on every attachment"
 $CTL check --config $V100 --pod demo/a --ifname net1 | head -1
 $CTL check --config $V100 --pod demo/b --ifname net1 | head -1
 $CTL check --config $V200 --pod demo/c --ifname net1 | head -1
+
+bold "pre-warm: demo/p and demo/q on a rail with prewarm: true (VLAN 300)"
+$CTL attach --config $WARM --pod demo/p --ifname net1 >/dev/null
+$CTL attach --config $WARM --pod demo/q --ifname net1 >/dev/null
+mac() { ip -n "tnpod_demo_$1" -o link show dev net1 | grep -o 'link/ether [0-9a-f:]*' | cut -d' ' -f2; }
+MP=$(mac p); MQ=$(mac q)
+# The lab's datapath is OVS's userspace one (a simulation of the NIC's): the flows are real
+# datapath flows, made by tenantnet's warm frames; no workload packet has been sent yet.
+flows=$(ovs-appctl -t $LAB/ovs-vswitchd.ctl dpctl/dump-flows)
+for pair in "$MP $MQ p q" "$MQ $MP q p"; do
+  set -- $pair
+  line=$(printf '%s\n' "$flows" | grep "eth(src=$1,dst=$2),eth_type(0x0800)" | head -1 || true)
+  if [ -n "$line" ]; then echo "  [ok  ] datapath flow demo/$3 -> demo/$4 before any traffic:"
+    echo "         ${line:0:150}"
+  else echo "  [FAIL] no datapath flow demo/$3 -> demo/$4"; failures=$((failures+1)); fi
+done
+rules=$(ovs-ofctl dump-flows unix:$LAB/br-lab.mgmt "cookie=0x746e000000000000/0xffff000000000000" | grep -c cookie= || true)
+echo "  tenantnet's OpenFlow rules (cookie 0x746e…/16): $rules"
+for pod in p q; do $CTL detach --config $WARM --pod demo/$pod >/dev/null; done
+rules=$(ovs-ofctl dump-flows unix:$LAB/br-lab.mgmt "cookie=0x746e000000000000/0xffff000000000000" | grep -c cookie= || true)
+if [ "$rules" -eq 0 ]; then echo "  [ok  ] detached: no rule of ours left"; else
+  echo "  [FAIL] $rules pre-warm rules left after DEL"; failures=$((failures+1)); fi
 
 trap - EXIT
 cleanup

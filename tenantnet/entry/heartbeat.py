@@ -16,8 +16,8 @@ from typing import Any
 class PrewarmKeeper:
     """Every `interval` seconds, re-warm attachments whose pre-warm rules are gone (an
     ovs-vswitchd restart empties its OpenFlow tables): tenantnet/plugin/drivers/prewarm.py,
-    `reconcile`. A round reads the records, and only where some pre-warm, one `ovs-ofctl
-    dump-flows` per bridge; nothing else unless rules are missing."""
+    `reconcile`. A round reads the records, and only where some pre-warm, one OpenFlow flow
+    request per bridge; nothing else unless rules are missing."""
 
     def __init__(self, node_config: Any, log: Any, interval: float = 30.0) -> None:
         self.node_config = node_config

@@ -11,7 +11,8 @@ import pytest
 from tenantnet.plugin.drivers import prewarm
 from tenantnet.plugin.drivers.ovs import OvsPlan
 from tenantnet.plugin.records import PHASE_READY, AttachmentRecord
-from tenantnet.plugin.system import ofctl, warmframes
+from tenantnet.plugin.system import openflow, warmframes
+from tenantnet.plugin.system.openflow import AddRule, DeleteStrict, Rule
 
 A = "0a:58:0a:00:00:01"
 B = "0a:58:0a:00:00:02"
@@ -28,24 +29,12 @@ def test_cookies_are_ours_per_network_and_per_attachment():
     assert prewarm.OURS == "cookie=0x746e000000000000/0xffff000000000000"
 
 
-def test_rule_lines_delete_only_our_own_identical_rule_then_add_with_check_overlap():
+def test_a_pairs_ops_delete_only_our_own_identical_rule_then_add_with_check_overlap():
     a = prewarm.End(prewarm.cookie_of("n", "a", "net1"), "tna", 3, A, "/run/netns/a", "net1", False)
     b = prewarm.End(prewarm.cookie_of("n", "b", "net1"), "tnb", 4, B, "/run/netns/b", "net1", False)
-    delete, add = a.rule_lines(b)
-    assert delete == f"delete_strict cookie={a.cookie:#x}/-1,priority=1,in_port=3,dl_src={A},dl_dst={B}"
-    assert add == f"add check_overlap,cookie={a.cookie:#x},priority=1,in_port=3,dl_src={A},dl_dst={B}," \
-                  "actions=output:4"
-
-
-def test_gc_judges_rules_by_cookie_and_destination():
-    live = {prewarm.cookie_of("n", "a", "net1")}
-    good = f" cookie={min(live):#x}, priority=1,in_port=3,dl_src={A},dl_dst={B} actions=output:4"
-    assert not prewarm._stale(good, live, {B})
-    assert prewarm._stale(good, live, {A})          # sends to a MAC nobody on the network has
-    assert prewarm._stale(good, set(), {B})         # comes in on an attachment with no record
-    assert not prewarm._stale(" priority=0 actions=NORMAL", live, {B})  # no cookie: not judged
-    assert prewarm._strict_delete(good) == (f"delete_strict cookie={min(live):#x}/-1,priority=1,"
-                                            f"in_port=3,dl_src={A},dl_dst={B}")
+    delete, add = a.ops(b)
+    assert delete == DeleteStrict(a.cookie, 1, 3, A, B)  # strict, with a cookie of ours: only our twin
+    assert add == AddRule(Rule(a.cookie, 1, 3, A, B, 4), check_overlap=True)
 
 
 def test_only_well_formed_published_peers_are_used():
@@ -107,6 +96,6 @@ def test_macs_are_checked():
 
 def test_mgmt_target_is_next_to_the_ovsdb_socket(tmp_path):
     (tmp_path / "br0.mgmt").touch()
-    assert ofctl.mgmt_target(f"unix:{tmp_path}/db.sock", "br0") == f"unix:{tmp_path}/br0.mgmt"
-    assert ofctl.mgmt_target(f"unix:{tmp_path}/db.sock", "br1") == "br1"
-    assert ofctl.mgmt_target("tcp:10.0.0.1:6640", "br0") == "br0"
+    assert openflow.mgmt_target(f"unix:{tmp_path}/db.sock", "br0") == f"unix:{tmp_path}/br0.mgmt"
+    assert openflow.mgmt_target(f"unix:{tmp_path}/db.sock", "br1") == "br1"
+    assert openflow.mgmt_target("tcp:10.0.0.1:6640", "br0") == "br0"

@@ -42,6 +42,7 @@ import hashlib
 import json
 import os
 import re
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -52,14 +53,15 @@ from tenantnet.plugin import log
 from tenantnet.plugin.drivers.ovsport import PortPlan
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import PHASE_READY, AttachmentRecord, Plan, RecordStore
-from tenantnet.plugin.system import dpctl, ofctl, ovsdb, warmframes
+from tenantnet.plugin.system import dpctl, openflow, ovsdb, warmframes
 from tenantnet.plugin.system.netns import NamespaceNotFound
+from tenantnet.plugin.system.openflow import AddRule, DeleteStrict, Op, Rule
 
 PRIORITY = 1
 TN = 0x746E << 48
 TN_MASK = 0xFFFF << 48
 NETWORK_MASK = 0xFFFFFFFF << 32
-OURS = f"cookie={TN:#x}/{TN_MASK:#x}"
+OURS = f"cookie={TN:#x}/{TN_MASK:#x}"  # in ovs-ofctl's words: `ovs-ofctl dump-flows BR "$OURS"`
 
 # States kept in the plan (`prewarm`), shown by `tenantnetctl ls` and in /metrics.
 PENDING = "pending"      # the network pre-warms; this ADD has not got to it (yet)
@@ -103,15 +105,13 @@ class End:
     ifname: str    # in the pod
     ipv6: bool
 
-    def rule(self, to: End) -> str:
-        return (f"cookie={self.cookie:#x},priority={PRIORITY},in_port={self.ofport},"
-                f"dl_src={self.mac},dl_dst={to.mac},actions=output:{to.ofport}")
+    def rule(self, to: End) -> Rule:
+        return Rule(self.cookie, PRIORITY, self.ofport, self.mac, to.mac, to.ofport)
 
-    def rule_lines(self, to: End) -> list[str]:
+    def ops(self, to: End) -> list[Op]:
         # The strict delete first (a cookie of ours only), so a pair warmed twice (two ADDs
         # racing) ends with one rule, and `check_overlap` then only sees other people's.
-        match = f"priority={PRIORITY},in_port={self.ofport},dl_src={self.mac},dl_dst={to.mac}"
-        return [f"delete_strict cookie={self.cookie:#x}/-1,{match}", f"add check_overlap,{self.rule(to)}"]
+        return [DeleteStrict(self.cookie, PRIORITY, self.ofport, self.mac, to.mac), AddRule(self.rule(to))]
 
 
 def enabled(plan: Plan) -> bool:
@@ -199,7 +199,7 @@ def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
         plan.prewarm = TRUNK
         return True
     started = time.monotonic()
-    target = ofctl.mgmt_target(db.endpoint, plan.bridge or "")
+    target = openflow.mgmt_target(db.endpoint, plan.bridge or "")
     try:
         _keep_flows(node, db)
         me = _end(db, record, OFPORT_WAIT)
@@ -212,7 +212,7 @@ def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
             pairs = [(p, e) for p in peers(records_of(node, record), record, node.prewarm_max_peers)
                      if (e := _end(db, p, 0)) is not None]
             written, conflicts = _write(target, me, [e for _, e in pairs]) if pairs else ([], 0)
-    except (ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure, ofctl.OfctlError, OSError) as exc:
+    except (ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure, openflow.OpenflowError, OSError) as exc:
         plan.prewarm = FAILED
         logger.warning("prewarm.failed", port=plan.port_name(), error=str(exc))
         return True
@@ -248,21 +248,35 @@ def _keep_flows(node: NodeConfig, db: ovsdb.Ovsdb) -> None:
 
 def _write(target: str, me: End, others: list[End]) -> tuple[list[End], int]:
     """Write the rules of every pair in one bundle; if some overlap, pair by pair."""
+    switch = switch_for(target)
     try:
-        ofctl.bundle(target, [line for o in others for line in me.rule_lines(o) + o.rule_lines(me)])
+        switch.bundle([op for o in others for op in me.ops(o) + o.ops(me)])
         return others, 0
-    except ofctl.OfctlError as exc:
+    except openflow.OpenflowError as exc:
         if not exc.overlap:
             raise
     written = []
     for o in others:
         try:
-            ofctl.bundle(target, me.rule_lines(o) + o.rule_lines(me))
+            switch.bundle(me.ops(o) + o.ops(me))
             written.append(o)
-        except ofctl.OfctlError as exc:
+        except openflow.OpenflowError as exc:
             if not exc.overlap:
                 raise
     return written, len(others) - len(written)
+
+
+_switches: dict[str, openflow.Switch] = {}
+_switches_lock = threading.Lock()
+
+
+def switch_for(target: str) -> openflow.Switch:
+    """One OpenFlow connection per bridge and process, made on first use (like OVSDB's)."""
+    with _switches_lock:
+        switch = _switches.get(target)
+        if switch is None:
+            switch = _switches[target] = openflow.Switch(target)
+        return switch
 
 
 def _send(src: End, dst: End) -> None:
@@ -301,7 +315,7 @@ def unwarm(node: NodeConfig, db_endpoint: str, record: AttachmentRecord) -> None
     if not enabled(plan):
         return
     assert isinstance(plan, PortPlan)
-    target = ofctl.mgmt_target(db_endpoint, plan.bridge or "")
+    switch = switch_for(openflow.mgmt_target(db_endpoint, plan.bridge or ""))
     pod = _pod_interface(record)
     _unpublish(node, record)
     with _bridge_lock(node, plan.bridge or ""):
@@ -314,9 +328,9 @@ def unwarm(node: NodeConfig, db_endpoint: str, record: AttachmentRecord) -> None
             except (OSError, ValueError):
                 pass  # the rules go anyway; a peer warm meanwhile is undone by GC
         cookie = cookie_of(record.network, record.container_id, record.ifname)
-        ofctl.delete(target, f"cookie={cookie:#x}/-1")
+        switch.delete(cookie, (1 << 64) - 1)
         if pod is not None:
-            ofctl.delete(target, f"{network_match(record.network)},dl_dst={pod[0]}")
+            switch.delete(TN | network_bits(record.network), TN_MASK | NETWORK_MASK, eth_dst=pod[0])
 
 
 # ---- peers on other nodes (cluster mode) ------------------------------------------------
@@ -441,10 +455,10 @@ def reconcile(node: NodeConfig, plan_type: Callable[[str], type[Plan]]) -> int:
         where = (db.endpoint, plan.bridge or "")
         if where not in present:
             try:
-                lines = ofctl.dump(ofctl.mgmt_target(*where), OURS)
-            except ofctl.OfctlError:
+                switch = switch_for(openflow.mgmt_target(*where))
+                present[where] = {r.cookie for r in switch.rules(TN, TN_MASK)}
+            except openflow.OpenflowError:
                 continue
-            present[where] = {c for line in lines if (c := _cookie(line)) is not None}
         if cookie_of(r.network, r.container_id, r.ifname) in present[where]:
             continue
         if warm(node, db, r):
@@ -452,13 +466,6 @@ def reconcile(node: NodeConfig, plan_type: Callable[[str], type[Plan]]) -> int:
             rewarmed += 1
             present.pop(where, None)  # its warm wrote peers' rules too: read again
     return rewarmed
-
-
-def _cookie(line: str) -> int | None:
-    try:
-        return int(_fields(line).get("cookie", ""), 16)
-    except ValueError:
-        return None
 
 
 def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: set[str],
@@ -469,11 +476,11 @@ def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: s
     records = RecordStore(node.state_dir, lambda mode: record_type)
     removed = 0
     for bridge in sorted(b for b in bridges if b):
-        target = ofctl.mgmt_target(db_endpoint, bridge)
+        switch = switch_for(openflow.mgmt_target(db_endpoint, bridge))
         with _bridge_lock(node, bridge):
             # Rules first, records second: a rule written after the listing belongs to a
             # record saved before it, which the listing below then sees.
-            rules = ofctl.dump(target, network_match(network))
+            rules = switch.rules(TN | network_bits(network), TN_MASK | NETWORK_MASK)
             live, macs = set(), set()
             for r in records.list(network):
                 if isinstance(r, AttachmentRecord):
@@ -481,29 +488,9 @@ def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: s
                     pod = _pod_interface(r)
                     if pod is not None and getattr(r.plan, "prewarm", "") != REMOVING:
                         macs.add(pod[0])
-            doomed = [line for line in rules if _stale(line, live, macs)]
+            doomed = [r for r in rules if r.cookie not in live or r.eth_dst not in macs]
             if doomed:
-                ofctl.bundle(target, [_strict_delete(line) for line in doomed])
+                switch.bundle([DeleteStrict(r.cookie, r.priority, r.in_port, r.eth_src, r.eth_dst)
+                               for r in doomed])
                 removed += len(doomed)
     return removed
-
-
-def _fields(line: str) -> dict[str, str]:
-    """`key=value` pairs of a dumped rule's cookie and match (ovs-ofctl --no-stats form)."""
-    head = line.split(" actions=", 1)[0].replace(" ", ",")
-    return dict(p.split("=", 1) for p in head.split(",") if "=" in p)
-
-
-def _stale(line: str, live: set[int], macs: set[str]) -> bool:
-    f = _fields(line)
-    try:
-        cookie = int(f.get("cookie", ""), 16)
-    except ValueError:
-        return False
-    return cookie not in live or f.get("dl_dst", "").lower() not in macs
-
-
-def _strict_delete(line: str) -> str:
-    f = _fields(line)
-    return (f"delete_strict cookie={f['cookie']}/-1,priority={f.get('priority', PRIORITY)},"
-            f"in_port={f.get('in_port')},dl_src={f.get('dl_src')},dl_dst={f.get('dl_dst')}")
