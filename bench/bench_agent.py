@@ -30,7 +30,6 @@ import sys
 import tempfile
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,9 +37,12 @@ sys.path.insert(0, str(ROOT))
 
 from bench.common import (  # noqa: E402
     PLUGIN,
+    burst_jobs,
+    cpu_seconds,
     exec_plugin,
     machine_line,
     node_configs,
+    run_burst,
     runtime_env,
     start_agent,
     stop_agent,
@@ -139,16 +141,6 @@ def overhead(agent_conf: Path, plain_conf: Path, count: int) -> list[str]:
             f"{s['shim']['median'] / s['true']['median']:.1f}×."]
 
 
-def _cpu_s(pid: int | None) -> float:
-    """User + system CPU seconds a process has used so far (0 if it cannot be read)."""
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            fields = fh.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, IndexError, ValueError):
-        return 0.0
-
-
 def burst(info: lab.LabInfo, work: Path, agent_conf: Path, agent_pid: int, sock: str, pods: int,
           rails: int, parallel: int, one_vlan: bool) -> list[str]:
     """`pods` pods × `rails` attachments, ADDs then DELs, `parallel` execs at once. Each pod
@@ -168,30 +160,18 @@ def burst(info: lab.LabInfo, work: Path, agent_conf: Path, agent_pid: int, sock:
     confs = {r: network(r) for r in range(1, rails + 1)}
     names = [f"tnbb-{uuid.uuid4().hex[:8]}" for _ in range(pods)]
     paths = [netns_add(n) for n in names]
-    base = runtime_env(str(agent_conf))  # CNI_IFNAME and CNI_ARGS are set per call below
-    jobs = [(cid, path, r) for path in paths for cid in [uuid.uuid4().hex] for r in range(1, rails + 1)]
-
-    def one(command: str, job: tuple[str, str, int]) -> tuple[int, bytes]:
-        cid, path, rail = job
-        env = {**base, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_IFNAME": f"net{rail}",
-               "CNI_NETNS": path if command == "ADD" else "",
-               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=burst;K8S_POD_NAME={cid[:8]}"}
-        proc = subprocess.run([PLUGIN], input=confs[rail], env=env, capture_output=True, check=False)
-        return proc.returncode, proc.stdout
+    base = runtime_env(str(agent_conf))  # CNI_IFNAME and CNI_ARGS are set per call (run_burst)
+    jobs = burst_jobs(paths, rails)
 
     cpu: dict[str, float] = {}
     try:
-        with ThreadPoolExecutor(parallel) as pool:
-            for verb in ("ADD", "DEL"):
-                before = (_cpu_s(agent_pid), _cpu_s(info.ovs_vswitchd_pid), time.perf_counter())
-                results = list(pool.map(lambda j, v=verb: one(v, j), jobs))
-                cpu[verb + "-agent"] = _cpu_s(agent_pid) - before[0]
-                cpu[verb + "-vswitchd"] = _cpu_s(info.ovs_vswitchd_pid) - before[1]
-                cpu[verb + "-wall"] = time.perf_counter() - before[2]
-                if verb == "ADD":
-                    adds = results
-                else:
-                    dels = results
+        phases = run_burst(PLUGIN, base, confs, jobs, parallel,
+                           {"agent": lambda: cpu_seconds(agent_pid),
+                            "vswitchd": lambda: cpu_seconds(info.ovs_vswitchd_pid)})
+        for verb, phase in phases.items():
+            for what in ("agent", "vswitchd", "wall"):
+                cpu[f"{verb}-{what}"] = phase[what]
+        adds, dels = phases["ADD"]["results"], phases["DEL"]["results"]
     finally:
         for n in names:
             subprocess.run(["ip", "netns", "delete", n], check=False)

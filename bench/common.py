@@ -9,7 +9,9 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent  # this venv's bin: the plugins' shims
 PLUGIN = str(BIN / "tenantnet")
@@ -64,6 +66,58 @@ def interleaved(plugins: list[tuple[str, str, dict]] | list[tuple[str, str, dict
         for name in netns:
             subprocess.run(["ip", "netns", "delete", name], check=False)
     return times
+
+
+def burst_jobs(netns_paths: list[str], rails: int) -> list[tuple[str, str, int]]:
+    """The attachments of a burst: per pod (netns path) one container id and interfaces
+    net1..net<rails>; (container id, netns path, rail) each."""
+    import uuid
+
+    return [(cid, path, r) for path in netns_paths for cid in [uuid.uuid4().hex] for r in range(1, rails + 1)]
+
+
+def run_burst(plugin: str, base_env: dict[str, str], confs: dict[int, bytes],
+              jobs: list[tuple[str, str, int]], parallel: int,
+              counters: dict[str, Callable[[], float]] | None = None,
+              verbs: tuple[str, ...] = ("ADD", "DEL")) -> dict[str, dict[str, Any]]:
+    """Exec `plugin` for every job, `parallel` at once, one verb after the other (a rail's
+    network config is `confs[rail]`), as a runtime would: per verb {"results": [(exit code,
+    stdout)] in job order, "wall": seconds, "<counter>": how much each of `counters` (e.g. a
+    process's CPU seconds) grew during it}."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    counters = counters or {}
+
+    def one(command: str, job: tuple[str, str, int]) -> tuple[int, bytes]:
+        cid, path, rail = job
+        env = {**base_env, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_IFNAME": f"net{rail}",
+               "CNI_NETNS": path if command == "ADD" else "",
+               "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=burst;K8S_POD_NAME={cid[:8]}"}
+        proc = subprocess.run([plugin], input=confs[rail], env=env, capture_output=True, check=False)
+        return proc.returncode, proc.stdout
+
+    phases: dict[str, dict[str, Any]] = {}
+    with ThreadPoolExecutor(parallel) as pool:
+        for verb in verbs:
+            before = {name: read() for name, read in counters.items()}
+            start = time.perf_counter()
+            results = list(pool.map(lambda j, v=verb: one(v, j), jobs))
+            wall = time.perf_counter() - start
+            phases[verb] = {"results": results, "wall": wall,
+                            **{name: read() - before[name] for name, read in counters.items()}}
+    return phases
+
+
+def cpu_seconds(pid: int | None, *, children: bool = False) -> float:
+    """User + system CPU seconds a process has used so far (0 if it cannot be read); with
+    `children`, also those of its children it has waited for."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            fields = fh.read().rsplit(")", 1)[1].split()
+        ticks = int(fields[11]) + int(fields[12]) + (int(fields[13]) + int(fields[14]) if children else 0)
+        return ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
 
 
 def summary(values: list[float]) -> dict[str, float]:

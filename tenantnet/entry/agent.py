@@ -116,13 +116,16 @@ def prepare_socket_dir(path: str) -> None:
                          "anyone who can connect to the agent can attach pods")
 
 
+# Makes an extra /metrics collector from (current node config, "are CNI calls in flight?").
+CollectorMaker = Callable[[Callable[[], Any], Callable[[], bool]], Any]
+
+
 class Agent:
     def __init__(self, socket_path: str, node_config: str, *, max_inflight: int = DEFAULT_MAX_INFLIGHT,
-                 workers: int = DEFAULT_WORKERS, collectors: Sequence[Callable[[Callable[[], Any]], Any]] = ()
-                 ) -> None:
-        """`collectors`: makers of extra prometheus-client collectors for /metrics, each given
-        a function returning the current node config (`tenantnetctl agent run` passes the
-        offload report's, which this layer cannot import)."""
+                 workers: int = DEFAULT_WORKERS, collectors: Sequence[CollectorMaker] = ()) -> None:
+        """`collectors`: makers of extra /metrics collectors, each given a function returning
+        the current node config and one saying whether CNI calls are in flight (`tenantnetctl
+        agent run` passes the offload report's, which this layer cannot import)."""
         self.socket_path = socket_path
         self.node_config = node_config
         self.max_inflight = max_inflight
@@ -221,7 +224,7 @@ class Agent:
             return self._node(self.node_config)
 
         metrics = AgentMetrics(lambda: self.status(asking=False), current,
-                               [make(current) for make in self._collectors])
+                               [make(current, self.busy) for make in self._collectors])
         try:
             self.metrics_address = metrics.serve(node.metrics_address, node.metrics_port)
         except OSError as exc:
@@ -231,6 +234,10 @@ class Agent:
             return
         self.metrics = metrics
         self.log.info("agent.metrics", address=self.metrics_address[0], port=self.metrics_address[1])
+
+    def busy(self) -> bool:
+        """CNI calls in flight (work that can wait, like the offload report, waits for them)."""
+        return self.stats.inflight > 0
 
     def stop(self) -> None:
         self._stop.set()

@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from tenantnet.entry import shim
@@ -22,6 +22,7 @@ from tenantnet.entry.agent import (
     STATUS_OP,
     Agent,
     AgentError,
+    CollectorMaker,
 )
 from tenantnet.plugin import nodepath
 
@@ -99,8 +100,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
-def register(subparsers: Any, collectors: Sequence[Callable[[Callable[[], Any]], Any]] = ()
-             ) -> argparse.ArgumentParser:
+def register(subparsers: Any, collectors: Sequence[CollectorMaker] = ()) -> argparse.ArgumentParser:
     """Add `agent run|status` to `subparsers` (from `add_subparsers()`). `collectors`: makers
     of extra /metrics collectors for `run` (see Agent)."""
     p = subparsers.add_parser("agent", help="the per-node agent serving plugin calls fast (docs/agent.md)")

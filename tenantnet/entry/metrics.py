@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -43,7 +44,10 @@ class AgentMetrics:
     """The registry the agent serves, and the two things the request path records."""
 
     def __init__(self, status: Callable[[], dict[str, Any]], node: Callable[[], Any],
-                 collectors: Sequence[Collector] = ()) -> None:
+                 collectors: Sequence[Any] = ()) -> None:
+        """`collectors`: prometheus-client collectors, or objects with `exposition() -> bytes`
+        (families already in text form, appended to each scrape as they are: the offload
+        report's, rendered once per rebuild rather than at every scrape)."""
         self.registry = CollectorRegistry(auto_describe=False)
         self.latency = Histogram(
             "tenantnet_cni_request_duration_seconds",
@@ -53,10 +57,24 @@ class AgentMetrics:
             "tenantnet_cni_errors", "CNI calls answered with an error, by plugin, command and CNI "
             "error code (docs/errors.md)", ["plugin", "command", "code"], registry=self.registry)
         self.registry.register(_AdmissionCollector(status))
-        self.registry.register(AttachmentCollector(node))
-        self.registry.register(IpamPoolCollector(node))
+        records = RecordIndex()  # one for both: each record version is parsed once, not twice
+        self.registry.register(AttachmentCollector(node, records))
+        self.registry.register(IpamPoolCollector(node, records))
+        # CPU the endpoint itself costs the agent (scrape threads, and what collectors report
+        # of their own threads): what a scrape takes from the CNI calls, measured, not guessed.
+        self._cost_lock = threading.Lock()
+        self.scrapes = 0
+        self.scrape_cpu = 0.0
+        self._costs: list[Callable[[], float]] = []
+        self.registry.register(_CostCollector(self))
+        self._texts: list[Callable[[], bytes]] = []
         for collector in collectors:
-            self.registry.register(collector)
+            if callable(getattr(collector, "cpu_seconds", None)):
+                self._costs.append(collector.cpu_seconds)
+            if callable(getattr(collector, "exposition", None)):
+                self._texts.append(collector.exposition)
+            else:
+                self.registry.register(collector)
         self._server: Any = None
 
     def observe(self, plugin: str, command: str, seconds: float, code: int, error_code: int | None) -> None:
@@ -65,11 +83,45 @@ class AgentMetrics:
         if code:
             self.errors.labels(plugin, label, str(error_code if error_code is not None else "unknown")).inc()
 
-    def serve(self, address: str, port: int) -> tuple[str, int]:
-        """Start serving on a daemon thread; (host, port) actually bound (port 0: any free)."""
-        from prometheus_client import start_http_server
+    def exposition(self) -> bytes:
+        """One scrape's body."""
+        from prometheus_client import generate_latest
 
-        self._server, _ = start_http_server(port, addr=address, registry=self.registry)
+        return generate_latest(self.registry) + b"".join(text() for text in self._texts)
+
+    def serve(self, address: str, port: int) -> tuple[str, int]:
+        """Start serving GET /metrics on a daemon thread (a thread per scrape); (host, port)
+        actually bound (port 0: any free)."""
+        import socket
+        from socketserver import ThreadingMixIn
+        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+        from prometheus_client import CONTENT_TYPE_LATEST
+
+        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+            if environ.get("PATH_INFO", "/") not in ("/metrics", "/"):
+                start_response("404 Not Found", [("Content-Type", "text/plain")])
+                return [b"not found: see /metrics\n"]
+            started = time.thread_time()
+            try:
+                body, status, kind = self.exposition(), "200 OK", CONTENT_TYPE_LATEST
+            except Exception as exc:  # an answer, not a traceback on the agent's stderr
+                body, status, kind = f"error: {exc}\n".encode(), "500 Internal Server Error", "text/plain"
+            with self._cost_lock:
+                self.scrapes += 1
+                self.scrape_cpu += time.thread_time() - started
+            start_response(status, [("Content-Type", kind), ("Content-Length", str(len(body)))])
+            return [body]
+
+        class Quiet(WSGIRequestHandler):
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (wsgiref's name)
+                pass  # a line per scrape would flood the agent's stderr
+
+        family = socket.AF_INET6 if ":" in address else socket.AF_INET
+        server = type("MetricsServer", (ThreadingMixIn, WSGIServer),
+                      {"daemon_threads": True, "address_family": family})
+        self._server = make_server(address, port, app, server, handler_class=Quiet)
+        threading.Thread(target=self._server.serve_forever, name="tenantnet-metrics", daemon=True).start()
         host, bound = self._server.server_address[:2]
         return str(host), int(bound)
 
@@ -78,6 +130,21 @@ class AgentMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class _CostCollector(Collector):
+    def __init__(self, metrics: AgentMetrics) -> None:
+        self._m = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        m = self._m
+        with m._cost_lock:
+            scrapes, cpu = m.scrapes, m.scrape_cpu
+        cpu += sum(cost() for cost in m._costs)
+        yield CounterMetricFamily("tenantnet_metrics_scrapes", "scrapes of this endpoint answered",
+                                  value=float(scrapes))
+        yield CounterMetricFamily("tenantnet_metrics_cpu_seconds", "CPU this endpoint cost the agent: "
+                                  "its scrape threads and the offload report's rebuilds", value=cpu)
 
 
 class _AdmissionCollector(Collector):
@@ -124,11 +191,16 @@ class _Seen:
 
 
 class RecordIndex:
-    """The node's attachment records, re-read per file only when the file changed."""
+    """The node's attachment records, re-read per file only when the file changed. A
+    snapshot younger than `max_age` seconds is handed out again: the collectors of one
+    scrape share one walk of the directories (≈ 10 ms at a thousand records), so a scrape
+    may show the records as they were up to that long ago."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_age: float = 0.1) -> None:
         self._lock = threading.Lock()  # two scrapers at once share the work, not the race
         self._files: dict[str, tuple[tuple[int, int, int], _Seen | None]] = {}
+        self.max_age = max_age
+        self._last: tuple[float, str, list[_Seen]] = (float("-inf"), "", [])
 
     def snapshot(self, node: Any) -> list[_Seen]:
         from tenantnet.plugin import modes
@@ -136,6 +208,9 @@ class RecordIndex:
 
         store = RecordStore(node.state_dir, modes.plan_type)
         with self._lock:
+            taken, state_dir, cached = self._last
+            if state_dir == node.state_dir and time.monotonic() - taken < self.max_age:
+                return list(cached)
             fresh: dict[str, tuple[tuple[int, int, int], _Seen | None]] = {}
             for path in store.files():
                 try:
@@ -157,7 +232,9 @@ class RecordIndex:
                     hit = (sig, seen)
                 fresh[path] = hit
             self._files = fresh
-            return [seen for _, seen in fresh.values() if seen is not None]
+            out = [seen for _, seen in fresh.values() if seen is not None]
+            self._last = (time.monotonic(), node.state_dir, out)
+            return list(out)
 
 
 def _tenant_of(policy: Any, namespace: str) -> str:

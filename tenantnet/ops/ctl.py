@@ -324,11 +324,11 @@ def _policy_show(policy: Any, as_json: bool) -> int:
     return 0
 
 
-def _offload_collector(node: Any) -> Any:
+def _offload_collector(node: Any, busy: Any) -> Any:
     """The offload report's /metrics families for the agent, imported only when it serves them."""
     from tenantnet.ops.flowreport.collector import node_collector
 
-    return node_collector(node)
+    return node_collector(node, busy)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -283,3 +283,28 @@ def test_rules_lost_with_the_switch_are_written_again(lab, plugin, netns_factory
     assert prewarm.reconcile(node, modes.plan_type) == 0  # nothing missing: nothing written
     for p in pods.values():
         assert plugin.call("DEL", warm_conf, p["cid"], "", "net1").code == 0
+
+
+def test_a_rule_of_others_with_exactly_our_match_is_not_taken_over(lab, plugin, netns_factory, warm_conf,
+                                                                   no_leftovers):
+    """OpenFlow lets an ADD with an identical match and priority replace a rule (and its
+    cookie) without an error; pre-warm looks first and leaves such a pair alone."""
+    pods = _add_pods(plugin, netns_factory, warm_conf, ["a"])
+    a = _records(lab)["a"]
+    ofport = json.loads(lab.vsctl("--format=json", "--columns=ofport", "list", "Interface",
+                                  a.plan.host_ifname))["data"][0][0]
+    # The next pod's MAC is chosen by the NAD here, so the foreign rule can match it exactly.
+    mac_b = "0a:58:0a:5b:00:99"
+    ofctl(lab, "add-flow", f"cookie={FOREIGN},priority=1,in_port={ofport},dl_src={pods['a']['mac']},"
+                           f"dl_dst={mac_b},actions=drop")
+    try:
+        pods.update(_add_pods(plugin, netns_factory, {**warm_conf, "mac": mac_b}, ["b"]))
+        assert _records(lab)["b"].plan.prewarm == prewarm.CONFLICT
+        foreign = rules(lab, f"cookie={FOREIGN}/-1")
+        assert len(foreign) == 1 and "actions=drop" in foreign[0], foreign
+        assert rules(lab) == []
+        for p in pods.values():
+            assert plugin.call("DEL", warm_conf, p["cid"], "", "net1").code == 0
+        assert len(rules(lab, f"cookie={FOREIGN}/-1")) == 1
+    finally:
+        ofctl(lab, "del-flows", f"cookie={FOREIGN}/-1")

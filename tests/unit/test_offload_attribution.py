@@ -452,6 +452,8 @@ def test_the_agents_failure_counter_counts_each_logged_refusal_once(tmp_path):
     registry.register(collector)
 
     def totals() -> dict[tuple[str, str], float]:
+        generate_latest(registry)  # a scrape: starts the rebuild that is due, on its own thread
+        assert collector.settle()
         out: dict[tuple[str, str], float] = {}
         for family in text_string_to_metric_families(generate_latest(registry).decode()):
             for s in family.samples:

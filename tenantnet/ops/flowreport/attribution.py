@@ -250,6 +250,8 @@ def failure_findings(failures: Iterable[PodFailure]) -> list[Finding]:
 
 
 def _all_views(report: Report) -> list[AttachmentView] | None:
+    if report.complete:
+        return None  # the report's own views are all of them
     if report.node is None or not getattr(report.node, "state_dir", None):
         return None
     from tenantnet.ops.flowreport.report import load_views

@@ -247,16 +247,20 @@ def _keep_flows(node: NodeConfig, db: ovsdb.Ovsdb) -> None:
 
 
 def _write(target: str, me: End, others: list[End]) -> tuple[list[End], int]:
-    """Write the rules of every pair in one bundle; if some overlap, pair by pair."""
+    """Write the rules of every pair in one bundle; pairs that would touch a rule of somebody
+    else's are left out (conflicts: how many)."""
     switch = switch_for(target)
+    free = [o for o in others if not _taken(switch, me.rule(o)) and not _taken(switch, o.rule(me))]
+    if not free:
+        return [], len(others)
     try:
-        switch.bundle([op for o in others for op in me.ops(o) + o.ops(me)])
-        return others, 0
+        switch.bundle([op for o in free for op in me.ops(o) + o.ops(me)])
+        return free, len(others) - len(free)
     except openflow.OpenflowError as exc:
         if not exc.overlap:
             raise
     written = []
-    for o in others:
+    for o in free:  # one overlapping pair failed the bundle: the others alone
         try:
             switch.bundle(me.ops(o) + o.ops(me))
             written.append(o)
@@ -264,6 +268,14 @@ def _write(target: str, me: End, others: list[End]) -> tuple[list[End], int]:
             if not exc.overlap:
                 raise
     return written, len(others) - len(written)
+
+
+def _taken(switch: openflow.Switch, rule: Rule) -> bool:
+    """Whether somebody else has a rule with exactly our rule's match and priority. OpenFlow
+    would have our ADD replace it silently (check_overlap only refuses a partial overlap)."""
+    return any(r.priority == rule.priority and r.cookie & TN_MASK != TN
+               and (r.in_port, r.eth_src, r.eth_dst) == (rule.in_port, rule.eth_src, rule.eth_dst)
+               for r in switch.rules(0, 0, in_port=rule.in_port, eth_src=rule.eth_src, eth_dst=rule.eth_dst))
 
 
 _switches: dict[str, openflow.Switch] = {}

@@ -285,11 +285,14 @@ def bundle_add(bundle_id: int, inner: bytes, flags: int = OFPBF_ATOMIC | OFPBF_O
     return message(OFPT_BUNDLE_ADD_MESSAGE, xid, _BUNDLE_ADD.pack(bundle_id, flags) + inner)
 
 
-def flow_stats_request(xid: int, cookie: int, cookie_mask: int) -> bytes:
+def flow_stats_request(xid: int, cookie: int, cookie_mask: int, in_port: int | None = None,
+                       eth_src: str | None = None, eth_dst: str | None = None) -> bytes:
+    """A flow-desc request; with match fields, for the rules whose match is those fields or
+    more specific (OpenFlow's non-strict matching)."""
     body = _MULTIPART.pack(OFPMP_FLOW, 0) + _FLOW_STATS_REQUEST.pack(
         OFPTT_ALL, OFPP_ANY, OFPG_ANY, _check_u(cookie, 64, "cookie"),
         _check_u(cookie_mask, 64, "cookie mask"))
-    return message(OFPT_MULTIPART_REQUEST, xid, body + encode_match())
+    return message(OFPT_MULTIPART_REQUEST, xid, body + encode_match(in_port, eth_src, eth_dst))
 
 
 # ---- decoders ---------------------------------------------------------------------------------
@@ -466,10 +469,12 @@ class Switch:
         match = encode_match(eth_dst=eth_dst) if eth_dst is not None else encode_match()
         self._call(what, self._delete, cookie, cookie_mask, match)
 
-    def rules(self, cookie: int, cookie_mask: int) -> list[Rule]:
-        """Every rule (any table) whose cookie matches `cookie` under `cookie_mask`."""
+    def rules(self, cookie: int, cookie_mask: int, *, in_port: int | None = None, eth_src: str | None = None,
+              eth_dst: str | None = None) -> list[Rule]:
+        """Every rule (any table) whose cookie matches `cookie` under `cookie_mask` — and, when
+        given, whose match has these fields (or is more specific)."""
         what = f"reading OpenFlow rules cookie={cookie:#x}/{cookie_mask:#x} on {self.target}"
-        return self._call(what, self._rules, cookie, cookie_mask)
+        return self._call(what, self._rules, cookie, cookie_mask, (in_port, eth_src, eth_dst))
 
     def close(self) -> None:
         with self._lock:
@@ -533,9 +538,10 @@ class Switch:
             raise self._error(what, errors, {})
 
     def _rules(self, what: str, sock: socket.socket, deadline: float, cookie: int,
-               cookie_mask: int) -> list[Rule]:
+               cookie_mask: int, match: tuple[int | None, str | None, str | None] = (None, None, None)
+               ) -> list[Rule]:
         xid = self._next_xid()
-        self._send(sock, deadline, flow_stats_request(xid, cookie, cookie_mask), first=True)
+        self._send(sock, deadline, flow_stats_request(xid, cookie, cookie_mask, *match), first=True)
         rules: list[Rule] = []
         for m in self._replies(sock, deadline, {xid}):
             if m.type == OFPT_ERROR:
