@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import threading
 
 from tenantnet.plugin.system import netns
 
@@ -71,7 +72,8 @@ def frame(src_mac: str, dst_mac: str, ethertype: int) -> bytes:
 def send(netns_path: str, ifname: str, frames: list[bytes]) -> None:
     """Send `frames` out of `ifname` inside the namespace at `netns_path`."""
     def bound() -> socket.socket:
-        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+        # Protocol 0: the socket only sends, so no receive hook is registered for it.
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, 0)
         try:
             sock.bind((ifname, 0))
         except OSError:
@@ -84,4 +86,6 @@ def send(netns_path: str, ifname: str, frames: list[bytes]) -> None:
         for f in frames:
             sock.send(f)
     finally:
-        sock.close()
+        # Closing a packet socket waits for an RCU grace period (packet_release calls
+        # synchronize_net: 10-15 ms here) — on a thread of its own, not the ADD's.
+        threading.Thread(target=sock.close, name="tenantnet-frame-close", daemon=True).start()
