@@ -203,6 +203,8 @@ class NodeOffloadCollector(Collector):
                 try:
                     if self._due(node):
                         self._rebuild(node)
+                except Exception:  # the last report stays served; the next interval retries
+                    self._built = time.monotonic()
                 finally:
                     self._refreshing.release()
 
