@@ -135,6 +135,8 @@ def cmd_ls(args: argparse.Namespace) -> int:
             # The VF's RDMA device (and whether it is in the pod), the GPU it is paired with.
             "rdmaDevice": vf.rdma if vf else None, "rdmaInPod": bool(vf and vf.rdma and vf.rdma_isolated),
             "gpu": vf.gpu if vf else None, "gpuDistance": vf.gpu_distance if vf else None,
+            # The outcome of its pre-warm (docs/offload.md); "" where the network does not pre-warm.
+            "prewarm": port.prewarm if port else "",
         })
     # Unreadable records moved aside by DEL/GC (tenantnet.plugin.records): listed so nobody misses them.
     corrupt += [{"path": p, "problem": "unreadable record (quarantined)", "quarantined": True}
@@ -144,12 +146,13 @@ def cmd_ls(args: argparse.Namespace) -> int:
         return 0
     for c in corrupt:
         print(f"corrupt: {c['path']}: {c['problem']}", file=sys.stderr)
-    header = ("NETWORK", "POD", "IFNAME", "MODE", "PHASE", "HOST/VF", "BRIDGE", "VLAN", "RDMA", "GPU", "IPS")
+    header = ("NETWORK", "POD", "IFNAME", "MODE", "PHASE", "HOST/VF", "BRIDGE", "VLAN", "RDMA", "GPU",
+              "PREWARM", "IPS")
     table = [header] + [
         (r["network"], r["pod"], r["ifname"], r["mode"], r["phase"], r["hostIfname"], r["bridge"],
          "" if r["vlan"] is None else str(r["vlan"]),
          (r["rdmaDevice"] + ("" if r["rdmaInPod"] else " (host)")) if r["rdmaDevice"] else "",
-         f"{r['gpu']} {r['gpuDistance']}" if r["gpu"] else "", ",".join(r["ips"])) for r in rows
+         f"{r['gpu']} {r['gpuDistance']}" if r["gpu"] else "", r["prewarm"], ",".join(r["ips"])) for r in rows
     ]
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     for row in table:

@@ -85,6 +85,9 @@ def test_flows_exist_before_traffic_and_go_with_del(lab, plugin, netns_factory, 
     assert recs["a"].plan.prewarm == prewarm.NO_PEERS
     assert recs["b"].plan.prewarm == prewarm.WARM and recs["b"].plan.prewarm_rules == 2
     assert recs["c"].plan.prewarm == prewarm.WARM and recs["c"].plan.prewarm_rules == 4
+    listed = subprocess.run([f"{PLUGIN_DIR}/tenantnetctl", "--node-config", str(lab.node_config), "ls", "--json",
+                             "--network", NET], capture_output=True, text=True, check=True, timeout=30)
+    assert sorted(r["prewarm"] for r in json.loads(listed.stdout)) == ["no-peers", "warm", "warm"]
     ours = rules(lab)
     assert len(ours) == 6, ours  # 3 pairs × 2 directions
     text = dp_flows(lab)
