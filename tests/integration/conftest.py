@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -276,3 +278,23 @@ def no_leftovers(lab: Lab, plugin: PluginRunner) -> Iterator[None]:
     ours = {host_ifname(cid, ifname) for _, cid, ifname in plugin.attempts}
     left = {name for name in ours if os.path.exists(f"/sys/class/net/{name}")}
     assert left == set(), "host links left behind"
+
+
+@pytest.fixture
+def run_dir() -> Iterator[Path]:
+    """A private directory for agents' sockets and configs. Not pytest's tmp_path: a unix
+    socket path must stay under 108 bytes."""
+    path = Path(tempfile.mkdtemp(prefix="tna-"))
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def agents() -> Iterator[list[Any]]:
+    """Every agent a test starts (tests/integration/test_agent.py AgentProcess) goes in here
+    and is stopped, by its pid, afterwards, pass or fail."""
+    started: list[Any] = []
+    yield started
+    for a in started:
+        a.stop()
+

@@ -10,24 +10,20 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import socket
 import sqlite3
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-
-import pytest
 
 from tenantnet.entry import agentctl as agentmod
 from tenantnet.entry import shim
@@ -109,21 +105,7 @@ def start_agent(node_config: Path, *args: str, wait: bool = True,
     return handle
 
 
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    # Not pytest's tmp_path: a unix socket path must stay under 108 bytes.
-    path = Path(tempfile.mkdtemp(prefix="tna-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    """Every agent a test starts goes in here and is stopped afterwards, pass or fail."""
-    started: list[AgentProcess] = []
-    yield started
-    for a in started:
-        a.stop()
+# run_dir and agents: tests/integration/conftest.py (test_metrics.py starts agents too).
 
 
 def shim_env(node_config: Path, command: str, **extra: str) -> dict[str, str]:

@@ -16,22 +16,18 @@ from __future__ import annotations
 import json
 import os
 import random
-import shutil
 import socket
 import sqlite3
 import string
 import subprocess
-import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import burst_jobs, cpu_seconds, run_burst
@@ -45,21 +41,7 @@ CTL = str(BIN / "tenantnetctl")
 REQUIRED = ("tenantnet_cni_request_duration_seconds", "tenantnet_attachments", "tenantnet_agent_inflight")
 
 
-@pytest.fixture
-def run_dir() -> Iterator[Path]:
-    # Not pytest's tmp_path: a unix socket path must stay under 108 bytes.
-    path = Path(tempfile.mkdtemp(prefix="tnm-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def agents() -> Iterator[list[AgentProcess]]:
-    """Every agent a test starts goes in here and is stopped (by pid) afterwards, pass or fail."""
-    started: list[AgentProcess] = []
-    yield started
-    for a in started:
-        a.stop()
+# run_dir and agents: tests/integration/conftest.py
 
 
 def free_port() -> int:
