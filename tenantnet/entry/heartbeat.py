@@ -109,7 +109,10 @@ class Heartbeat:
         from tenantnet.plugin import modes
         from tenantnet.plugin.drivers import prewarm
 
-        self._greeted = prewarm.sync_remote(self.node_config, self._greeted, modes.plan_type)
+        try:
+            self._greeted = prewarm.sync_remote(self.node_config, self._greeted, modes.plan_type)
+        except Exception as exc:  # never the liveness beat's problem: the next beat retries
+            self.log.warning("prewarm.sync_failed", error=f"{type(exc).__name__}: {exc}")
 
     def stop(self) -> None:
         self._stop.set()

@@ -32,6 +32,12 @@ from prometheus_client.registry import Collector
 
 COMMANDS = frozenset({"ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION"})
 # From a cached CHECK (≈ 1 ms) to an ADD that waits for a slow OVSDB (the shim's 30 s).
+# What any client that reaches the port can make the agent do is bounded: at most
+# SCRAPES_AT_ONCE scrapes run at once (more get 503), a body younger than BODY_REUSE seconds
+# is sent again rather than rebuilt, and a connection idle for CLIENT_TIMEOUT is dropped.
+SCRAPES_AT_ONCE = 4
+BODY_REUSE = 0.5
+CLIENT_TIMEOUT = 10.0
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0)
 
@@ -68,6 +74,8 @@ class AgentMetrics:
         self._costs: list[Callable[[], float]] = []
         self.registry.register(_CostCollector(self))
         self._texts: list[Callable[[], bytes]] = []
+        self._slots = threading.BoundedSemaphore(SCRAPES_AT_ONCE)
+        self._body: tuple[float, bytes] = (float("-inf"), b"")
         for collector in collectors:
             if callable(getattr(collector, "cpu_seconds", None)):
                 self._costs.append(collector.cpu_seconds)
@@ -82,6 +90,16 @@ class AgentMetrics:
         self.latency.labels(plugin, label).observe(seconds)
         if code:
             self.errors.labels(plugin, label, str(error_code if error_code is not None else "unknown")).inc()
+
+    def _current_body(self) -> bytes:
+        """The last body if younger than BODY_REUSE seconds (two Prometheus servers, or a
+        client in a loop, cost one build per half second), else a new one."""
+        built, body = self._body
+        if time.monotonic() - built < BODY_REUSE:
+            return body
+        body = self.exposition()
+        self._body = (time.monotonic(), body)
+        return body
 
     def exposition(self) -> bytes:
         """One scrape's body."""
@@ -102,11 +120,17 @@ class AgentMetrics:
             if environ.get("PATH_INFO", "/") not in ("/metrics", "/"):
                 start_response("404 Not Found", [("Content-Type", "text/plain")])
                 return [b"not found: see /metrics\n"]
+            if not self._slots.acquire(blocking=False):
+                start_response("503 Service Unavailable",
+                               [("Content-Type", "text/plain"), ("Retry-After", "1")])
+                return [f"more than {SCRAPES_AT_ONCE} scrapes at once\n".encode()]
             started = time.thread_time()
             try:
-                body, status, kind = self.exposition(), "200 OK", CONTENT_TYPE_LATEST
+                body, status, kind = self._current_body(), "200 OK", CONTENT_TYPE_LATEST
             except Exception as exc:  # an answer, not a traceback on the agent's stderr
                 body, status, kind = f"error: {exc}\n".encode(), "500 Internal Server Error", "text/plain"
+            finally:
+                self._slots.release()
             with self._cost_lock:
                 self.scrapes += 1
                 self.scrape_cpu += time.thread_time() - started
@@ -114,6 +138,8 @@ class AgentMetrics:
             return [body]
 
         class Quiet(WSGIRequestHandler):
+            timeout = CLIENT_TIMEOUT  # a client that connects and sends nothing is dropped
+
             def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (wsgiref's name)
                 pass  # a line per scrape would flood the agent's stderr
 
@@ -281,7 +307,8 @@ class AttachmentCollector(Collector):
             state.add_metric([network, st], n)
         yield state
         installed = GaugeMetricFamily("tenantnet_prewarm_rules",
-                                      "OpenFlow rules tenantnet installed to pre-warm the network's pairs",
+                                      "OpenFlow rules the ADDs of the network's attachments wrote when "
+                                      "they were made (not a count of rules present now)",
                                       labels=["network"])
         for network, n in sorted(rules.items()):
             installed.add_metric([network], n)

@@ -32,6 +32,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from bench.common import burst_jobs, cpu_seconds, run_burst
 from tenantnet.entry import shim
+from tenantnet.entry.metrics import BODY_REUSE
 from tenantnet.lab import node as labmod
 from tenantnet.plugin import nodepath
 from tests.integration.conftest import BIN, PLUGIN, Lab, new_cid
@@ -329,7 +330,9 @@ def test_endpoint_counts_calls_errors_attachments_and_pools(lab, run_dir, agents
         code, out, _ = call(shim_env(node, "ADD", CNI_CONTAINERID=new_cid(), CNI_IFNAME="net1", CNI_NETNS=ns.path),
                             {**conf, "vlan": 5000})
         assert code == 1 and out["code"] == 7, out
-        time.sleep(0.2)  # the records a scrape shows may be RecordIndex.max_age (0.1 s) old
+        # A scrape within BODY_REUSE (0.5 s) of the last is sent the same body; its records
+        # may be RecordIndex.max_age (0.1 s) old.
+        time.sleep(BODY_REUSE + 0.1)
         after = scrape(url)
         assert adds(after) - adds(before) == 4
         assert value(after, "tenantnet_cni_errors_total", plugin="tenantnet", command="ADD", code="7") == 1
@@ -367,7 +370,7 @@ def test_endpoint_counts_calls_errors_attachments_and_pools(lab, run_dir, agents
         for cid in attached:
             code, out, _ = call(shim_env(node, "DEL", CNI_CONTAINERID=cid, CNI_IFNAME="net1", CNI_NETNS=""), conf)
             assert code == 0, out
-    time.sleep(0.2)
+    time.sleep(BODY_REUSE + 0.1)
     idle = scrape(url)
     assert value(idle, "tenantnet_attachments", mode="ovs", network=network, phase="ready") is None
     assert value(idle, "tenantnet_agent_inflight") == 0

@@ -272,3 +272,41 @@ def tc_like_report():
     from tenantnet.ops.flowreport.report import build_report, snapshot_from_text
 
     return build_report(None, snapshot_from_text(""), [])
+
+
+def test_a_flood_of_scrapes_is_bounded(tmp_path, monkeypatch):
+    """Anyone who reaches the port: at most SCRAPES_AT_ONCE scrapes run at once (the rest get
+    503 at once), and a body younger than BODY_REUSE is sent again, not rebuilt."""
+    import urllib.error
+    from concurrent.futures import ThreadPoolExecutor
+
+    node = node_at(tmp_path)
+    builds = [0]
+    monkeypatch.setattr(metrics, "BODY_REUSE", 5.0)  # the check of reuse below must not race a slow box
+
+    class Slow:
+        def exposition(self) -> bytes:
+            builds[0] += 1
+            time.sleep(0.6)
+            return b"# slow\n"
+
+    m = AgentMetrics(lambda: STATUS, lambda: node, [Slow()])
+    host, port = m.serve("127.0.0.1", 0)
+    url = f"http://{host}:{port}/metrics"
+
+    def status() -> int:
+        try:
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                return int(resp.status)
+        except urllib.error.HTTPError as err:
+            return int(err.code)
+
+    try:
+        with ThreadPoolExecutor(12) as pool:
+            codes = list(pool.map(lambda _: status(), range(12)))
+        assert 503 in codes and 200 in codes, codes  # (a late one may get a freed slot, and a reused body)
+        assert builds[0] <= metrics.SCRAPES_AT_ONCE
+        before = builds[0]
+        assert status() == 200 and builds[0] == before  # within BODY_REUSE of the last build: reused
+    finally:
+        m.stop()

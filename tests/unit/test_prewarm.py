@@ -1,5 +1,6 @@
-"""Pre-warm's pure parts: cookies, rule text, the rules GC deems stale, what the cluster store
-may hold, and the warm frames (each must be dropped by the peer's kernel, never delivered)."""
+"""Pre-warm's pure parts: cookies, a pair's OpenFlow operations, what the cluster store may
+hold, and the warm frames (each must be dropped by the peer's kernel, never delivered). GC,
+DEL and re-warm against a real switch: tests/integration/test_prewarm.py."""
 
 from __future__ import annotations
 

@@ -94,7 +94,7 @@ class OvsDriver(Driver):
         plan = _plan(record)
         host = plan.host_ifname or host_ifname(record.container_id, record.ifname)
         if prewarm.enabled(plan):  # before the port: its OpenFlow number must not outlive it
-            prewarm.unwarm(self.node, self._db(plan).endpoint, record)
+            prewarm.unwarm(self.node, self._db(plan), record)
         done = record.progress
         # Deleting the host end removes the pod end too, wherever it is. The kernel takes
         # ≈ 20 ms for it (mostly waiting for RCU), so it runs beside the port's transaction.

@@ -180,7 +180,7 @@ class OvsOffloadDriver(VfDriver):
     def detach(self, record: AttachmentRecord) -> None:
         plan = _plan(record)
         if prewarm.enabled(plan):  # before the port: its OpenFlow number must not outlive it
-            prewarm.unwarm(self.node, self._db(plan.ovsdb).endpoint, record)
+            prewarm.unwarm(self.node, self._db(plan.ovsdb), record)
         rep = plan.representor
         done = record.progress
         owner = (record.container_id, record.ifname)

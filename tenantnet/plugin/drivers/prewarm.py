@@ -76,7 +76,7 @@ REMOVING = "removing"    # DEL has begun: peers must not pair with it any more
 STATES = (PENDING, WARM, RULES_ONLY, NO_PEERS, REMOTE_ONLY, CONFLICT, FAILED, TRUNK, REMOVING)
 
 OFPORT_WAIT = 2.0   # vswitchd numbers a new port within milliseconds; a bound, not a pause
-FLOW_WAIT = 1.0     # for the frames' upcalls to become datapath flows (ms here; a bound)
+FLOW_WAIT = 0.5     # for the frames' upcalls to become datapath flows (ms here; a bound)
 _MAC = re.compile(r"[0-9a-f]{2}(:[0-9a-f]{2}){5}")
 
 
@@ -154,13 +154,25 @@ def _end(db: ovsdb.Ovsdb, record: AttachmentRecord, wait: float) -> End | None:
                pod[0], record.netns, record.ifname, pod[1])
 
 
+LOCK_WAIT = 5.0  # a warm or unwarm holds the bridge for milliseconds; a stuck holder is not waited for
+
+
 @contextmanager
 def _bridge_lock(node: NodeConfig, bridge: str) -> Iterator[None]:
-    """One warm or unwarm at a time per bridge (across the agent's threads and processes)."""
+    """One warm or unwarm at a time per bridge (across the agent's threads and processes);
+    OSError if another holds it for more than LOCK_WAIT seconds."""
     path = os.path.join(node.state_dir, f"prewarm-{hashlib.sha256(bridge.encode()).hexdigest()[:16]}.lock")
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        deadline = time.monotonic() + LOCK_WAIT
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    raise OSError(f"pre-warm lock {path} held for more than {LOCK_WAIT:g} s") from None
+                time.sleep(0.005)
         yield
     finally:
         os.close(fd)
@@ -317,19 +329,31 @@ def _flows_seen(endpoint: str, me: End, others: list[End]) -> bool:
             return True
         if time.monotonic() >= deadline:
             return False
-        time.sleep(0.003)  # an upcall is handled within a millisecond or two
+        time.sleep(0.01)  # an upcall is handled within a millisecond or two
 
 
-def unwarm(node: NodeConfig, db_endpoint: str, record: AttachmentRecord) -> None:
+def unwarm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> None:
     """Remove every rule of ours that this attachment's packets come in on, or that sends to
-    it (its MAC on this network). Runs before the port is deleted."""
+    its port. Runs before the port is deleted. Never fails the DEL: what it cannot remove
+    now (OVS unreachable, the bridge gone) GC removes later, and a rule whose port is gone
+    sends nowhere until then."""
     plan = record.plan
     if not enabled(plan):
         return
     assert isinstance(plan, PortPlan)
-    switch = switch_for(openflow.mgmt_target(db_endpoint, plan.bridge or ""))
-    pod = _pod_interface(record)
     _unpublish(node, record)
+    try:
+        _unwarm(node, db, record, plan)
+    except (openflow.OpenflowError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure, OSError) as exc:
+        log.get("tenantnet.prewarm").warning("prewarm.rules_left", port=plan.port_name(),
+                                             error=f"{exc}; GC removes them")
+
+
+def _unwarm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord, plan: PortPlan) -> None:
+    switch = switch_for(openflow.mgmt_target(db.endpoint, plan.bridge or ""))
+    port = plan.port_name()
+    state = db.port(port) if port else None
+    ofport = state.ofport if state is not None and state.ofport and state.ofport > 0 else None
     with _bridge_lock(node, plan.bridge or ""):
         if record.phase == PHASE_READY and plan.prewarm != REMOVING:
             try:
@@ -339,10 +363,11 @@ def unwarm(node: NodeConfig, db_endpoint: str, record: AttachmentRecord) -> None
                     records.save(record, rewrite=True)
             except (OSError, ValueError):
                 pass  # the rules go anyway; a peer warm meanwhile is undone by GC
-        cookie = cookie_of(record.network, record.container_id, record.ifname)
-        switch.delete(cookie, (1 << 64) - 1)
-        if pod is not None:
-            switch.delete(TN | network_bits(record.network), TN_MASK | NETWORK_MASK, eth_dst=pod[0])
+        switch.delete(cookie_of(record.network, record.container_id, record.ifname), (1 << 64) - 1)
+        if ofport is not None:
+            # Only rules of ours that output to this very port: a MAC alone could be another
+            # tenant's pod, given the same MAC by its NAD.
+            switch.delete(TN, TN_MASK, out_port=ofport)
 
 
 # ---- peers on other nodes (cluster mode) ------------------------------------------------
@@ -473,10 +498,16 @@ def reconcile(node: NodeConfig, plan_type: Callable[[str], type[Plan]]) -> int:
                 continue
         if cookie_of(r.network, r.container_id, r.ifname) in present[where]:
             continue
-        if warm(node, db, r):
-            records.save(r, rewrite=True)
-            rewarmed += 1
-            present.pop(where, None)  # its warm wrote peers' rules too: read again
+        # Under the attachment's own lock, and only if it is still there and ready: a DEL
+        # running meanwhile must not see its record written back or re-paired.
+        with records.lock(r.container_id, r.ifname):
+            now = records.load(*r.key)
+            if now is None or now.phase != PHASE_READY or getattr(now.plan, "prewarm", "") == REMOVING:
+                continue
+            if warm(node, db, now):
+                records.save(now, rewrite=True)
+                rewarmed += 1
+                present.pop(where, None)  # its warm wrote peers' rules too: read again
     return rewarmed
 
 
@@ -494,7 +525,9 @@ def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: s
             # record saved before it, which the listing below then sees.
             rules = switch.rules(TN | network_bits(network), TN_MASK | NETWORK_MASK)
             live, macs = set(), set()
-            for r in records.list(network):
+            # Every record of the node, not only this network's: two networks' 16-bit hashes
+            # may be equal, and neither's GC may take the other's rules for stale.
+            for r in records.list():
                 if isinstance(r, AttachmentRecord):
                     live.add(cookie_of(r.network, r.container_id, r.ifname))
                     pod = _pod_interface(r)

@@ -462,12 +462,15 @@ class Switch:
         if ops:
             self._call(f"writing {len(ops)} OpenFlow rule changes to {self.target}", self._bundle, ops)
 
-    def delete(self, cookie: int, cookie_mask: int, eth_dst: str | None = None) -> None:
+    def delete(self, cookie: int, cookie_mask: int, eth_dst: str | None = None,
+               out_port: int | None = None) -> None:
         """Delete every rule (any table, priority, port) whose cookie matches under the mask
-        and, if given, that matches `eth_dst` as its destination MAC; done when this returns."""
+        and, if given, that matches `eth_dst` as its destination MAC and outputs to
+        `out_port`; done when this returns."""
         what = f"deleting OpenFlow rules cookie={cookie:#x}/{cookie_mask:#x} on {self.target}"
         match = encode_match(eth_dst=eth_dst) if eth_dst is not None else encode_match()
-        self._call(what, self._delete, cookie, cookie_mask, match)
+        self._call(what, self._delete, cookie, cookie_mask, match,
+                   OFPP_ANY if out_port is None else _check_u(out_port, 32, "out_port"))
 
     def rules(self, cookie: int, cookie_mask: int, *, in_port: int | None = None, eth_src: str | None = None,
               eth_dst: str | None = None) -> list[Rule]:
@@ -523,10 +526,10 @@ class Switch:
             raise self._error(what, errors, adds)
 
     def _delete(self, what: str, sock: socket.socket, deadline: float, cookie: int, cookie_mask: int,
-                match: bytes) -> None:
+                match: bytes, out_port: int = OFPP_ANY) -> None:
         xid, barrier = self._next_xid(), self._next_xid()
         request = flow_mod(xid, command=OFPFC_DELETE, cookie=cookie, cookie_mask=cookie_mask,
-                           table_id=OFPTT_ALL, match=match)
+                           table_id=OFPTT_ALL, match=match, out_port=out_port)
         self._send(sock, deadline, request + message(OFPT_BARRIER_REQUEST, barrier), first=True)
         errors = []
         for m in self._replies(sock, deadline, {xid, barrier}):
