@@ -45,7 +45,11 @@ def test_only_well_formed_published_peers_are_used():
     for value, key in ((b"{not json", "rail/n/c/i"), (json.dumps({"mac": "ff"}).encode(), "rail/n/c/i"),
                        (json.dumps({"mac": A, "vlan": "100"}).encode(), "rail/n/c/i"),
                        (json.dumps({"mac": A}).encode(), "rail/n/c"),
-                       (json.dumps({"vlan": 1}).encode(), "rail/n/c/i")):
+                       (json.dumps({"vlan": 1}).encode(), "rail/n/c/i"),
+                       (json.dumps({"mac": "ff:ff:ff:ff:ff:ff", "vlan": 1}).encode(), "rail/n/c/i"),
+                       (json.dumps({"mac": "01:00:5e:00:00:01"}).encode(), "rail/n/c/i"),
+                       (json.dumps({"mac": A, "vlan": True}).encode(), "rail/n/c/i"),
+                       (json.dumps({"mac": A, "vlan": 5000}).encode(), "rail/n/c/i")):
         assert prewarm._published(value, base + key, base) is None
 
 

@@ -401,8 +401,9 @@ def _published(value: bytes, key: str, base: str) -> Published | None:
         mac, vlan = str(data["mac"]).lower(), data.get("vlan")
     except (ValueError, KeyError, TypeError):
         return None  # not ours to judge: somebody else's key under the prefix is skipped
-    if len(parts) != 4 or not _MAC.fullmatch(mac) or not (vlan is None or isinstance(vlan, int)):
-        return None
+    vlan_ok = vlan is None or (isinstance(vlan, int) and not isinstance(vlan, bool) and 0 <= vlan <= 4094)
+    if len(parts) != 4 or not _MAC.fullmatch(mac) or int(mac[:2], 16) & 1 or not vlan_ok:
+        return None  # a group (multicast/broadcast) MAC is no peer; a VLAN must be an id
     return Published(key, parts[0], parts[1], mac, vlan)
 
 
@@ -460,10 +461,12 @@ def sync_remote(node: NodeConfig, greeted: set[str], plan_type: Callable[[str], 
             pod = _pod_interface(r)
             plan = r.plan
             assert isinstance(plan, PortPlan)
-            for peer in fresh:
-                if pod is not None and peer.network == r.network and peer.vlan == plan.vlan:
-                    _send(End(0, plan.port_name() or "", 0, pod[0], r.netns, r.ifname, pod[1]),
-                          End(0, "", 0, peer.mac, "", "", False))
+            if pod is None:
+                continue
+            mine_fresh = [p for p in fresh if p.network == r.network and p.vlan == plan.vlan]
+            for peer in mine_fresh[:node.prewarm_max_peers]:  # the same bound as at ADD
+                _send(End(0, plan.port_name() or "", 0, pod[0], r.netns, r.ifname, pod[1]),
+                      End(0, "", 0, peer.mac, "", "", False))
     own = {p.key for p in entries if p.node == name}
     if own:
         records = RecordStore(node.state_dir, plan_type)
