@@ -111,6 +111,8 @@ def _unixctl(path: str, args: tuple[str, ...], timeout: float) -> str:
             buf += chunk
             if len(buf) > MAX_REPLY:
                 raise OffloadError(f"{what}: answer larger than {MAX_REPLY >> 20} MiB")
+            if not chunk.rstrip().endswith(b"}"):
+                continue  # a reply ends with its object's brace: decode only then, not per chunk
             try:
                 reply, _ = decoder.raw_decode(buf.decode())
             except (ValueError, UnicodeDecodeError):
