@@ -45,6 +45,7 @@ READ_TIMEOUT = 5.0  # a client that connects but does not send its request withi
 MAX_REQUEST_FRAME = 4 << 20
 DEFAULT_WEDGED_AFTER = 120.0
 REJECT_READ_TIMEOUT = 0.2  # reading an over-limit request, only to answer in its cniVersion
+QUIET_AFTER = 2.0  # seconds without a CNI call before the agent counts as idle (busy())
 QUEUED_NOTABLE_MS = 100.0  # a successful request that waited this long for a worker is logged
 
 
@@ -149,6 +150,7 @@ class Agent:
         self.log: Any = None
         self._heartbeat: Any = None
         self._keeper: Any = None
+        self._last_call = float("-inf")  # when the last CNI call ended (busy())
         self._collectors = tuple(collectors)
         self.metrics: Any = None  # entry/metrics.AgentMetrics while /metrics is served
         self.metrics_address: tuple[str, int] | None = None
@@ -236,8 +238,10 @@ class Agent:
         self.log.info("agent.metrics", address=self.metrics_address[0], port=self.metrics_address[1])
 
     def busy(self) -> bool:
-        """CNI calls in flight (work that can wait, like the offload report, waits for them)."""
-        return self.stats.inflight > 0
+        """CNI calls in flight, or one ended less than QUIET_AFTER seconds ago: work that can
+        wait (the offload report) waits for a quiet moment, not for a gap between two calls
+        of a burst."""
+        return self.stats.inflight > 0 or time.monotonic() - self._last_call < QUIET_AFTER
 
     def stop(self) -> None:
         self._stop.set()
@@ -392,6 +396,7 @@ class Agent:
         finally:
             with self._lock:
                 self.stats.inflight -= 1
+                self._last_call = time.monotonic()
 
     def _serialise(self, key: tuple[bytes, ...] | None, deadline: float) -> Any:
         """Take the turn of one (plugin, container id, ifname): a function that gives it

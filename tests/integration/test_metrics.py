@@ -200,7 +200,7 @@ def test_scraping_every_second_does_not_slow_a_1024_add_burst(lab, run_dir, agen
 
     The offload report runs at the default `metricsOffloadInterval` (15 s): built at the first
     scrape, before the bursts, then rebuilt when due — but not while CNI calls are in flight,
-    for up to four intervals (collector.DEFERRAL_LIMIT), since a rebuild at 1,024
+    for up to ten intervals (collector.DEFERRAL_LIMIT), since a rebuild at 1,024
     attachments costs ≈ 0.5 s of the agent's CPU and interpreter lock. Scrapes in between get
     the cached text. What one rebuild costs is measured separately after the last round's
     ADDs (printed, not asserted).

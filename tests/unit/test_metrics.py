@@ -259,7 +259,9 @@ def test_an_offload_rebuild_waits_while_cni_calls_are_in_flight(monkeypatch):
     busy[0] = True
     clock[0] += 20  # due, but calls are in flight: put off
     assert c.exposition() == first and c.settle() and len(builds) == 1
-    clock[0] += 40  # 60 s: four intervals — no longer
+    clock[0] += 100  # 120 s: still put off
+    assert c.exposition() == first and c.settle() and len(builds) == 1
+    clock[0] += 30  # 150 s: DEFERRAL_LIMIT (10) intervals — no longer
     c.exposition()
     assert c.settle() and len(builds) == 2
     busy[0] = False
