@@ -73,7 +73,6 @@ CONFLICT = "conflict"    # a rule of somebody else's overlaps ours: ours were no
 FAILED = "failed"        # OVS refused or could not be reached; the reason is in the log
 TRUNK = "trunk"          # a trunk port: its traffic is tagged, so per-pair rules do not apply
 REMOVING = "removing"    # DEL has begun: peers must not pair with it any more
-STATES = (PENDING, WARM, RULES_ONLY, NO_PEERS, REMOTE_ONLY, CONFLICT, FAILED, TRUNK, REMOVING)
 
 OFPORT_WAIT = 2.0   # vswitchd numbers a new port within milliseconds; a bound, not a pause
 FLOW_WAIT = 0.5     # for the frames' upcalls to become datapath flows (ms here; a bound)
@@ -89,8 +88,9 @@ def cookie_of(network: str, container_id: str, ifname: str) -> int:
     return TN | network_bits(network) | low
 
 
-def network_match(network: str) -> str:
-    return f"cookie={TN | network_bits(network):#x}/{TN_MASK | NETWORK_MASK:#x}"
+def network_cookie(network: str) -> tuple[int, int]:
+    """(cookie, mask) selecting our rules of `network`."""
+    return TN | network_bits(network), TN_MASK | NETWORK_MASK
 
 
 @dataclass(frozen=True)
@@ -526,7 +526,7 @@ def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: s
         with _bridge_lock(node, bridge):
             # Rules first, records second: a rule written after the listing belongs to a
             # record saved before it, which the listing below then sees.
-            rules = switch.rules(TN | network_bits(network), TN_MASK | NETWORK_MASK)
+            rules = switch.rules(*network_cookie(network))
             live, macs = set(), set()
             # Every record of the node, not only this network's: two networks' 16-bit hashes
             # may be equal, and neither's GC may take the other's rules for stale.
