@@ -77,15 +77,19 @@ def agent_node_config(lab: Lab, run_dir: Path) -> Path:
 
 
 def start_agent(node_config: Path, *args: str, wait: bool = True,
-                extra_env: dict[str, str] | None = None) -> AgentProcess:
+                extra_env: dict[str, str] | None = None, command: list[str] | None = None,
+                up_within: float = 20) -> AgentProcess:
     """`tenantnetctl agent run` for `node_config`; `extra_env` is added to its environment
-    (the fault sweep starts agents with a crash point set)."""
+    (the fault sweep starts agents with a crash point set). `command`: the argv instead of
+    `python -m tenantnet.entry.agentctl --node-config X run` (test_metrics runs the
+    installed `tenantnetctl`, which hands the agent the offload collector)."""
     socket_path, _ = nodepath.agent_socket_of(str(node_config))
     log = node_config.parent / f"agent-{uuid.uuid4().hex[:6]}.err"
     env = {**os.environ, **extra_env} if extra_env else None
     with open(log, "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "tenantnet.entry.agentctl", "--node-config", str(node_config),
-                                 "run", *args], stdout=subprocess.DEVNULL, stderr=err, env=env)
+        argv = command or [sys.executable, "-m", "tenantnet.entry.agentctl", "--node-config", str(node_config),
+                           "run"]
+        proc = subprocess.Popen([*argv, *args], stdout=subprocess.DEVNULL, stderr=err, env=env)
     handle = AgentProcess(proc, socket_path, node_config, log)
     if wait:
         def answers() -> bool:
@@ -98,7 +102,7 @@ def start_agent(node_config: Path, *args: str, wait: bool = True,
                 return False
 
         try:
-            wait_until(answers, 20, "the agent to answer STATUS")
+            wait_until(answers, up_within, "the agent to answer STATUS")
         except AssertionError as exc:
             handle.kill()
             raise AssertionError(f"agent did not come up ({exc}): {log.read_text()}") from None

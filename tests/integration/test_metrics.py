@@ -34,9 +34,8 @@ from bench.common import burst_jobs, cpu_seconds, run_burst
 from tenantnet.entry import shim
 from tenantnet.entry.metrics import BODY_REUSE
 from tenantnet.lab import node as labmod
-from tenantnet.plugin import nodepath
 from tests.integration.conftest import BIN, PLUGIN, Lab, new_cid
-from tests.integration.test_agent import AgentProcess, call, shim_env, wait_until
+from tests.integration.test_agent import AgentProcess, call, shim_env, start_agent
 
 CTL = str(BIN / "tenantnetctl")
 REQUIRED = ("tenantnet_cni_request_duration_seconds", "tenantnet_attachments", "tenantnet_agent_inflight")
@@ -61,28 +60,8 @@ def metrics_node_config(lab: Lab, run_dir: Path, port: int, extra: str = "") -> 
 
 def start_ctl_agent(node_config: Path) -> AgentProcess:
     """`.venv/bin/tenantnetctl --node-config X agent run`, once it answers STATUS."""
-    socket_path, _ = nodepath.agent_socket_of(str(node_config))
-    log = node_config.parent / f"agent-{uuid.uuid4().hex[:6]}.err"
-    with open(log, "wb") as err:
-        proc = subprocess.Popen([CTL, "--node-config", str(node_config), "agent", "run"],
-                                stdout=subprocess.DEVNULL, stderr=err)
-    handle = AgentProcess(proc, socket_path, node_config, log)
-
-    def answers() -> bool:
-        try:
-            handle.status()
-            return True
-        except (shim.AgentUnavailable, shim.AgentFailed):
-            if proc.poll() is not None:
-                raise AssertionError(f"it exited with code {proc.returncode}: {log.read_text()}") from None
-            return False
-
-    try:
-        wait_until(answers, 30, "the agent to answer STATUS")
-    except AssertionError:
-        handle.kill()
-        raise
-    return handle
+    return start_agent(node_config, command=[CTL, "--node-config", str(node_config), "agent", "run"],
+                       up_within=30)
 
 
 def get(url: str) -> tuple[int, str]:
