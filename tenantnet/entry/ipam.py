@@ -76,7 +76,7 @@ def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
     from tenantnet.entry import logsetup
     from tenantnet.plugin import nodeconfig
 
-    logsetup.default_target_from_env()
+    logsetup.default_target_from_env(one_shot=True)
     return run_call(environ, stdin, lambda: nodeconfig.load(environ=environ))
 
 

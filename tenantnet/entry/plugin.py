@@ -53,8 +53,9 @@ def handle(env: CniEnv, raw: dict[str, Any], node: NodeConfig, *, set_up_logging
     A NAD's `logFile`/`logLevel` are checked (tenantnet.plugin.settings) before any file is
     opened: outside the node's log directory they are refused with code 7 — except on DEL,
     which must always be able to clean up, and then logs to the node's own file. With
-    `set_up_logging` false (the agent, whose log is set up once) the same refusals apply
-    and nothing is reconfigured."""
+    `set_up_logging` (an exec that runs this one call) the one-shot log is set up there; with
+    it false (the agent, whose log is set up once) the same refusals apply and nothing is
+    reconfigured."""
     from cni.errors import CniError
     from tenantnet.entry import logsetup
     from tenantnet.plugin import log, settings
@@ -64,14 +65,14 @@ def handle(env: CniEnv, raw: dict[str, Any], node: NodeConfig, *, set_up_logging
         log_file, log_level = settings.log_settings(raw, node)
     except CniError:
         if set_up_logging:
-            logsetup.setup(node.log_file, node.log_level)
+            logsetup.setup_one_shot(node.log_file, node.log_level)
         if env.command != "DEL":
             raise
         log.get("tenantnet").warning("log_settings.ignored", error="the NAD's logFile/logLevel is "
                                      "not allowed; DEL goes on and logs here")
     else:
         if set_up_logging:
-            logsetup.setup(log_file, log_level)
+            logsetup.setup_one_shot(log_file, log_level)
     return dispatch(Plugin(node), env, raw)
 
 
@@ -130,7 +131,7 @@ def _node_log_target(node: Callable[[], NodeConfig]) -> None:
         config = node()
     except Exception:
         return  # the call itself reads it again and reports the error
-    logsetup.set_default_target(config.log_file, config.log_level)
+    logsetup.set_default_target(config.log_file, config.log_level, one_shot=True)
 
 
 def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:

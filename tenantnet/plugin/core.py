@@ -14,8 +14,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
-from concurrent import futures
-from concurrent.futures import Future
 from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from typing import Any
@@ -133,10 +131,10 @@ class Plugin:
         faults.step("add.recorded")
         started = time.perf_counter()
         record.progress = set()
-        pending: Future[Any] | None = None
+        pending: drivers.Pending | None = None
         # An IPAM that never looks at the pod's interface allocates while the driver makes
         # it; one that may (dhcp, anything unknown) runs after, as the spec's order has it.
-        allocating: Future[Any] | None = None
+        allocating: drivers.Pending | None = None
         if tconf.ipam_type in ipam_client.INTERFACE_BLIND:
             allocating = drivers.in_background(ipam_client.run, tconf.ipam_type,
                                                ipam_client.call_for(env, "ADD"), conf.raw, self.node)
@@ -178,9 +176,9 @@ class Plugin:
             self._ready(record, tconf, driver)
         except BaseException as exc:
             if pending is not None:
-                futures.wait([pending])  # the rollback must not race the driver's background step
+                pending.wait()  # the rollback must not race the driver's background step
             if allocating is not None:  # the driver failed while IPAM allocated: release it too
-                futures.wait([allocating])
+                allocating.wait()
                 if allocating.exception() is None:
                     record.mark(STEP_IPAM)
             err = system_error(exc, f"ADD {env.container_id}/{env.ifname} on network {conf.name}")
@@ -283,7 +281,7 @@ class Plugin:
                 driver.detach(record)
                 faults.step("del.detached")
         finally:
-            futures.wait([releasing])
+            releasing.wait()
         ipam_failure = releasing.result()
         devinfo_file = record.plan.device_info_file
         if devinfo_file and (record.progress is None or STEP_DEVINFO in record.progress):

@@ -1,10 +1,12 @@
-"""The plugin wing's structured logger (structlog, JSON lines in the node's log file).
+"""The plugin wing's structured logger (JSON lines in the node's log file).
 
 Where the lines go is decided by the entry layer (`tenantnet/entry/logsetup.py`): before a
-call runs it either configures structlog or names what to configure the first time
-something logs — so that a call that logs nothing never pays for structlog. Used as a
-library with no entry point at all, lines go to stderr, never to stdout (which carries the
-CNI result). structlog costs tens of milliseconds to import: only `get` imports it.
+call runs it either configures the logger or names what to configure the first time
+something logs — so that a call that logs nothing never pays for it. The logger is
+structlog's, or, in an exec that handles one call, one that writes the same lines without
+importing structlog (the entry layer hands its factory to `configured`). Used as a library
+with no entry point at all, lines go to stderr, never to stdout (which carries the CNI
+result). structlog costs tens of milliseconds to import: only `get` imports it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ LEVELS = {"debug": 10, "info": 20, "warning": 30, "error": 40}
 
 _configured = False
 _on_first_use: Callable[[], None] | None = None
+_factory: Callable[[str], Any] | None = None  # None: structlog's get_logger
 
 
 def level_number(name: str) -> int:
@@ -23,10 +26,11 @@ def level_number(name: str) -> int:
     return LEVELS[name.lower()]
 
 
-def configured() -> None:
-    """The entry layer has set structlog up: `get` changes nothing."""
-    global _configured, _on_first_use
-    _configured, _on_first_use = True, None
+def configured(factory: Callable[[str], Any] | None = None) -> None:
+    """The entry layer has set the logger up: `get` changes nothing and returns
+    `factory(name)`, or structlog's logger when there is no factory."""
+    global _configured, _on_first_use, _factory
+    _configured, _on_first_use, _factory = True, None, factory
 
 
 def configure_on_first_use(setup: Callable[[], None]) -> None:
@@ -37,14 +41,15 @@ def configure_on_first_use(setup: Callable[[], None]) -> None:
 
 
 def get(name: str = "tenantnet") -> Any:
+    if not _configured and _on_first_use is not None:
+        _on_first_use()
+    if _factory is not None:
+        return _factory(name)
     import structlog
 
     if not _configured:
-        if _on_first_use is not None:
-            _on_first_use()
-        if not _configured:
-            import sys
+        import sys
 
-            structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-            configured()
+        structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+        configured()
     return structlog.get_logger(name)

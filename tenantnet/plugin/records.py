@@ -24,7 +24,6 @@ unwritten pages are really dropped.
 from __future__ import annotations
 
 import fcntl
-import hashlib
 import json
 import os
 import time
@@ -35,7 +34,7 @@ from typing import Any, ClassVar, TypeVar
 
 from cni.names import container_id_problem, ifname_problem, network_name_problem
 from hostfiles.confined import ensure_private_dir
-from tenantnet.plugin import faults
+from tenantnet.plugin import digest, faults
 
 PHASE_ADDING = "adding"
 PHASE_READY = "ready"
@@ -198,10 +197,10 @@ class RecordStore:
         256 lock files, by hash: a bounded number of files (one per attachment would grow
         with every pod ever seen, and removing them races with waiters), at the price of an
         occasional wait behind an unrelated attachment. flock dies with its holder."""
-        digest = hashlib.sha256(f"{container_id}/{ifname}".encode()).digest()
+        hashed = digest.sha256_bytes(f"{container_id}/{ifname}".encode())
         lock_dir = os.path.join(self.state_dir, "locks")
         ensure_private_dir(lock_dir)
-        path = os.path.join(lock_dir, f"attachment-{digest[0] % _LOCK_STRIPES:02x}.lock")
+        path = os.path.join(lock_dir, f"attachment-{hashed[0] % _LOCK_STRIPES:02x}.lock")
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)

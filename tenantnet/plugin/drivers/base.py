@@ -10,11 +10,10 @@ records, IPAM, addresses in the pod, results, rollback. Which driver serves whic
 from __future__ import annotations
 
 import contextvars
-import hashlib
 import threading
+from _queue import SimpleQueue  # queue.SimpleQueue itself, without queue's other imports
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -22,6 +21,7 @@ from typing import Any, ClassVar
 from cni.env import CniEnv
 from cni.netconf import NetConf
 from cni.result import Interface
+from tenantnet.plugin import digest
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import AttachmentRecord, Plan, RecordStore
 from tenantnet.plugin.tnconf import TenantnetConf
@@ -42,7 +42,7 @@ class Attached:
     # Driver work still running on a helper thread (ovs: the port's OVSDB transaction) while
     # the core does IPAM and the pod's addresses; the core waits for it before it reports
     # success, and before any rollback.
-    pending: Future[Any] | None = None
+    pending: Pending | None = None
 
 
 MARK_PREFIX = "tenantnet:"
@@ -54,8 +54,8 @@ def owner_mark(network: str, container_id: str, ifname: str) -> str:
     with the link between namespaces, so a DEL without a record can prove that a link is
     this attachment's before it touches it (docs/security.md). The network is hashed to keep
     the mark within the kernel's limit; container ids have no ':' and ifnames no '/'."""
-    digest = hashlib.sha256(network.encode()).hexdigest()[:16]
-    return f"{MARK_PREFIX}{digest}:{container_id}/{ifname}"
+    hashed = digest.sha256_hex(network.encode())[:16]
+    return f"{MARK_PREFIX}{hashed}:{container_id}/{ifname}"
 
 
 def mark_owner(alias: str, network: str) -> tuple[str, str] | None:
@@ -67,19 +67,86 @@ def mark_owner(alias: str, network: str) -> tuple[str, str] | None:
     return (cid, ifname) if sep and cid and ifname else None
 
 
-_helpers: ThreadPoolExecutor | None = None
+class Pending:
+    """The outcome of a step handed to a helper thread (`in_background`).
+
+    What the core needs of concurrent.futures.Future — wait, result, exception — without
+    importing concurrent.futures, which imports `logging` with it: ≈ 4 ms of every
+    one-shot exec of the plugin (tenantnet/entry/oneshotlog.py says why that matters)."""
+
+    __slots__ = ("_done", "_value", "_error")
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def _settle(self, value: Any, error: BaseException | None) -> None:
+        self._value, self._error = value, error
+        self._done.set()
+
+    def wait(self) -> None:
+        """Until the step has returned or raised."""
+        self._done.wait()
+
+    def exception(self) -> BaseException | None:
+        """What the step raised (None if it returned); waits for it."""
+        self._done.wait()
+        return self._error
+
+    def result(self) -> Any:
+        """What the step returned; re-raises what it raised. Waits for it."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+HELPERS = 16  # at most this many helper threads; more steps wait for one to be free
+_Job = tuple[Pending, contextvars.Context, Callable[..., Any], tuple[Any, ...], bool]
+_jobs: SimpleQueue[_Job] = SimpleQueue()
 _helpers_lock = threading.Lock()
+_helpers = 0  # threads started
+# Helpers waiting for a step, less the steps queued for them: a step that finds one > 0
+# claims one, else it starts a thread (up to HELPERS) or waits in the queue for a free one.
+_idle = 0
 
 
-def in_background(work: Callable[..., Any], *args: Any) -> Future[Any]:
+def _serve() -> None:
+    global _idle
+    while True:
+        pending, context, work, args, claimed = _jobs.get()
+        if not claimed:  # this helper was counted idle and no step had claimed it
+            with _helpers_lock:
+                _idle -= 1
+        try:
+            value, error = context.run(work, *args), None
+        except BaseException as exc:  # delivered to whoever waits for the step
+            value, error = None, exc
+        pending._settle(value, error)
+        del pending, context, work, args, value, error  # nothing of a step outlives it
+        with _helpers_lock:
+            _idle += 1
+
+
+def in_background(work: Callable[..., Any], *args: Any) -> Pending:
     """Run `work(*args)` on a helper thread of the host namespace, for steps that mostly wait
     (an OVSDB round trip, the kernel tearing a veth down, an IPAM release) while the caller
-    goes on; in the caller's context, so its log lines still name the request."""
-    global _helpers
+    goes on; in the caller's context, so its log lines still name the request. The threads
+    live as long as the process (the agent reuses them; a one-shot exec waits for its steps
+    before it exits)."""
+    global _helpers, _idle
+    pending = Pending()
     with _helpers_lock:
-        if _helpers is None:
-            _helpers = ThreadPoolExecutor(16, thread_name_prefix="tenantnet-helper")
-    return _helpers.submit(contextvars.copy_context().run, work, *args)
+        claimed = _idle > 0
+        start = not claimed and _helpers < HELPERS
+        _idle -= claimed
+        _helpers += start
+    # A started thread is not idle yet: its first step is this one, taken as claimed.
+    _jobs.put((pending, contextvars.copy_context(), work, args, claimed or start))
+    if start:
+        threading.Thread(target=_serve, name=f"tenantnet-helper-{_helpers}", daemon=True).start()
+    return pending
 
 
 class Driver(ABC):

@@ -6,7 +6,6 @@ without a record, or GC after a crash all find the same link and port again.
 
 from __future__ import annotations
 
-import hashlib
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -14,8 +13,8 @@ from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.netconf import NetConf
 from cni.result import Interface
-from tenantnet.plugin import faults, settings, tnconf
-from tenantnet.plugin.drivers import ovsport, prewarm
+from tenantnet.plugin import digest, faults, settings, tnconf
+from tenantnet.plugin.drivers import ovsport
 from tenantnet.plugin.drivers.base import Attached, Driver, gc_env, in_background, mark_owner, owner_mark
 from tenantnet.plugin.drivers.ovsport import STEP_PORT, PortPlan
 from tenantnet.plugin.records import AttachmentRecord, RecordStore
@@ -27,8 +26,8 @@ STEP_VETH = "veth"
 
 def host_ifname(container_id: str, ifname: str) -> str:
     """`tn` + 11 hex digits: deterministic, ≤ 15 characters, one per attachment."""
-    digest = hashlib.sha256(f"{container_id}/{ifname}".encode()).hexdigest()
-    return "tn" + digest[:11]
+    hashed = digest.sha256_hex(f"{container_id}/{ifname}".encode())
+    return "tn" + hashed[:11]
 
 
 @dataclass
@@ -48,7 +47,7 @@ class OvsDriver(Driver):
         return OvsPlan(host_ifname=host_ifname(env.container_id, env.ifname), bridge=conf.ovs.bridge,
                        ovsdb=conf.ovs.ovsdb, vlan=conf.ovs.vlan, trunks=list(conf.ovs.trunks),
                        mtu=conf.ovs.mtu, ofport_request=conf.ovs.ofport_request,
-                       prewarm=prewarm.PENDING if conf.ovs.prewarm else "")
+                       prewarm=ovsport.PREWARM_PENDING if conf.ovs.prewarm else "")
 
     def _db(self, plan: OvsPlan) -> ovsdb.Ovsdb:
         return ovsport.ovsdb_for(self.node, plan.ovsdb)
@@ -88,12 +87,18 @@ class OvsDriver(Driver):
         return Attached(host=Interface(name=host, mac=link.mac), pod_ifname=record.ifname, pending=pending)
 
     def ready(self, record: AttachmentRecord, conf: TenantnetConf) -> bool:
+        if not _plan(record).prewarms():
+            return False
+        from tenantnet.plugin.drivers import prewarm
+
         return prewarm.warm(self.node, self._db(_plan(record)), record)
 
     def detach(self, record: AttachmentRecord) -> None:
         plan = _plan(record)
         host = plan.host_ifname or host_ifname(record.container_id, record.ifname)
-        if prewarm.enabled(plan):  # before the port: its OpenFlow number must not outlive it
+        if plan.prewarms():  # before the port: its OpenFlow number must not outlive it
+            from tenantnet.plugin.drivers import prewarm
+
             prewarm.unwarm(self.node, self._db(plan), record)
         done = record.progress
         # Deleting the host end removes the pod end too, wherever it is. The kernel takes
@@ -124,7 +129,9 @@ class OvsDriver(Driver):
                 recorded: set[tuple[str, str]]) -> list[AttachmentRecord]:
         hint = self.plan(tnconf.parse(conf, gc_env(env), self.node), gc_env(env), None)
         db = self._db(hint)
-        if hint.prewarm:
+        if hint.prewarms():
+            from tenantnet.plugin.drivers import prewarm
+
             prewarm.collect_garbage(self.node, db.endpoint, conf.name, {hint.bridge or ""}, OvsPlan)
         found = ovsport.unrecorded_ports(db, conf.name, self.mode, keep | recorded, lambda port: OvsPlan(
             host_ifname=port.name, bridge=port.bridge, ovsdb=db.endpoint))

@@ -19,7 +19,7 @@ from cni.errors import CniError, Code
 from cni.netconf import NetConf, parse_netconf
 from cni.result import Interface
 from tenantnet.plugin import faults, settings, tnconf
-from tenantnet.plugin.drivers import offloadstate, ovsport, prewarm
+from tenantnet.plugin.drivers import offloadstate, ovsport
 from tenantnet.plugin.drivers.base import Attached, gc_env
 from tenantnet.plugin.drivers.ovsport import STEP_PORT, PortPlan
 from tenantnet.plugin.drivers.vf import VfDriver, VfPlan
@@ -135,7 +135,7 @@ class OvsOffloadDriver(VfDriver):
         plan.representor, plan.bridge, plan.ovsdb = rep, self._bridge(conf, db, vf), conf.ovs.ovsdb
         plan.vlan, plan.trunks, plan.mtu = conf.ovs.vlan, list(conf.ovs.trunks), conf.mtu
         plan.ofport_request = conf.ovs.ofport_request
-        plan.prewarm = prewarm.PENDING if conf.ovs.prewarm else ""
+        plan.prewarm = ovsport.PREWARM_PENDING if conf.ovs.prewarm else ""
         plan.precondition_warnings = self._enforce(self.preconditions(vf, rep, db))
         return plan
 
@@ -175,11 +175,17 @@ class OvsOffloadDriver(VfDriver):
         return attached
 
     def ready(self, record: AttachmentRecord, conf: TenantnetConf) -> bool:
+        if not _plan(record).prewarms():
+            return False
+        from tenantnet.plugin.drivers import prewarm
+
         return prewarm.warm(self.node, self._db(_plan(record).ovsdb), record)
 
     def detach(self, record: AttachmentRecord) -> None:
         plan = _plan(record)
-        if prewarm.enabled(plan):  # before the port: its OpenFlow number must not outlive it
+        if plan.prewarms():  # before the port: its OpenFlow number must not outlive it
+            from tenantnet.plugin.drivers import prewarm
+
             prewarm.unwarm(self.node, self._db(plan.ovsdb), record)
         rep = plan.representor
         done = record.progress

@@ -25,6 +25,9 @@ EXT_POD_UID = "tenantnet-pod-uid"
 STEP_PORT = "port"
 
 
+PREWARM_PENDING = "pending"  # the network pre-warms; this ADD has not got to it (yet)
+
+
 @dataclass
 class PortPlan(Plan):
     """Where the port goes and how it is set (from the network config at ADD)."""
@@ -35,10 +38,14 @@ class PortPlan(Plan):
     trunks: list[int] = field(default_factory=list)
     mtu: int | None = None
     ofport_request: int | None = None
-    # Pre-warm (drivers/prewarm.py): "" when the network does not pre-warm, else its state;
-    # and how many OpenFlow rules its ADD wrote.
+    # Pre-warm (drivers/prewarm.py): "" when the network does not pre-warm, else its state
+    # (PREWARM_PENDING until the ADD gets to it); and how many OpenFlow rules its ADD wrote.
     prewarm: str = ""
     prewarm_rules: int = 0
+
+    def prewarms(self) -> bool:
+        """The network pre-warms: drivers/prewarm.py (and its imports) is needed only then."""
+        return bool(self.prewarm)
 
     def port_name(self) -> str | None:
         """The attachment's OVS port (each mode's plan says which of its links it is)."""

@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tenantnet.plugin import log
-from tenantnet.plugin.drivers.ovsport import PortPlan
+from tenantnet.plugin.drivers.ovsport import PREWARM_PENDING, PortPlan
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import PHASE_READY, AttachmentRecord, Plan, RecordStore
 from tenantnet.plugin.system import dpctl, openflow, ovsdb, warmframes
@@ -64,7 +64,7 @@ NETWORK_MASK = 0xFFFFFFFF << 32
 OURS = f"cookie={TN:#x}/{TN_MASK:#x}"  # in ovs-ofctl's words: `ovs-ofctl dump-flows BR "$OURS"`
 
 # States kept in the plan (`prewarm`), shown by `tenantnetctl ls` and in /metrics.
-PENDING = "pending"      # the network pre-warms; this ADD has not got to it (yet)
+PENDING = PREWARM_PENDING  # the network pre-warms; this ADD has not got to it (yet)
 WARM = "warm"            # rules in, and every pair's datapath flow seen after the frames
 RULES_ONLY = "rules"     # rules in; a datapath flow did not show within the wait
 NO_PEERS = "no-peers"    # nothing to pair with when it was made (later peers pair with it)
@@ -115,7 +115,7 @@ class End:
 
 
 def enabled(plan: Plan) -> bool:
-    return isinstance(plan, PortPlan) and bool(plan.prewarm)
+    return isinstance(plan, PortPlan) and plan.prewarms()
 
 
 def _pod_interface(record: AttachmentRecord) -> tuple[str, bool] | None:
