@@ -119,6 +119,8 @@ def parse_cni_args(text: str) -> CniArgs:
 
 @dataclass(frozen=True)
 class CniEnv:
+    """The CNI_* environment of one call, validated (CNI_ARGS parsed)."""
+
     command: str
     container_id: str = ""
     netns: str = ""

@@ -34,6 +34,8 @@ def ci_get(mapping: Mapping[str, Any] | None, key: str, default: Any = None) -> 
 
 @dataclass(frozen=True)
 class NetConf:
+    """A network configuration from stdin: the fields every plugin reads, and the raw object."""
+
     cni_version: str
     name: str
     type: str

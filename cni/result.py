@@ -23,6 +23,8 @@ IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
 
 @dataclass
 class Interface:
+    """An interface of a CNI result (host side, or in the sandbox when `sandbox` is set)."""
+
     name: str
     mac: str = ""
     mtu: int = 0
@@ -33,6 +35,8 @@ class Interface:
 
 @dataclass
 class IPConfig:
+    """An address of a CNI result, with its gateway and the index of its interface."""
+
     address: IPInterface
     gateway: IPAddress | None = None
     interface: int | None = None
@@ -40,6 +44,8 @@ class IPConfig:
 
 @dataclass
 class Route:
+    """A route of a CNI result (or of an IPAM config's `routes`)."""
+
     dst: IPNetwork
     gw: IPAddress | None = None
     mtu: int = 0
@@ -51,6 +57,8 @@ class Route:
 
 @dataclass
 class DNS:
+    """The DNS settings of a CNI result."""
+
     nameservers: list[str] = field(default_factory=list)
     domain: str = ""
     search: list[str] = field(default_factory=list)
@@ -95,6 +103,8 @@ class DNS:
 
 @dataclass
 class Result:
+    """A CNI result: interfaces, addresses, routes, DNS (written in any supported version)."""
+
     interfaces: list[Interface] = field(default_factory=list)
     ips: list[IPConfig] = field(default_factory=list)
     routes: list[Route] = field(default_factory=list)

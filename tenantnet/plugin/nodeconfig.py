@@ -37,6 +37,8 @@ PRECONDITIONS = {"eswitchSwitchdev": "warn", "hwTcOffload": "warn", "ovsHwOffloa
 
 @dataclass(frozen=True)
 class NodeConfig:
+    """The node's own settings (the admin's file, never tenant input), with their defaults."""
+
     ovsdb: str = DEFAULT_OVSDB
     state_dir: str = DEFAULT_STATE_DIR
     log_file: str = DEFAULT_LOG_FILE

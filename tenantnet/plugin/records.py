@@ -92,6 +92,8 @@ def _key(f: Field[Any]) -> str:
 
 @dataclass
 class PodRef:
+    """The pod an attachment belongs to (from CNI_ARGS; empty when the runtime gives none)."""
+
     namespace: str = ""
     name: str = ""
     uid: str = ""
@@ -99,6 +101,8 @@ class PodRef:
 
 @dataclass
 class AttachmentRecord:
+    """What tenantnet made for one attachment, as stored on disk: its plan, phase and result."""
+
     network: str
     container_id: str
     ifname: str

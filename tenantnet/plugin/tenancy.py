@@ -38,6 +38,8 @@ TENANT_VLAN = "tenant"
 
 @dataclass(frozen=True)
 class NetworkGrant:
+    """The VLANs a tenant may use on one network, and the one "vlan": "tenant" picks."""
+
     vlans: frozenset[int]
     default: int | None = None
 
@@ -47,6 +49,8 @@ class NetworkGrant:
 
 @dataclass(frozen=True)
 class Tenant:
+    """One tenant of the policy: its namespaces, its networks and the VF rules it must keep."""
+
     name: str
     namespaces: tuple[str, ...]
     networks: dict[str, NetworkGrant] = field(default_factory=dict)
@@ -84,6 +88,8 @@ class NetworkDecl:
 
 @dataclass(frozen=True)
 class TenantPolicy:
+    """The node's tenancy policy: the tenants and the networks it declares."""
+
     tenants: tuple[Tenant, ...]
     source: str = ""
     networks: dict[str, NetworkDecl] = field(default_factory=dict)
@@ -265,6 +271,8 @@ def load(node: Any) -> TenantPolicy | None:
 
 @dataclass(frozen=True)
 class Decision:
+    """Whether a namespace may attach to a network with a VLAN, and why (logged either way)."""
+
     allowed: bool
     tenant: str | None
     reason: str

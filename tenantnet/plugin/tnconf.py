@@ -29,6 +29,8 @@ _BRIDGE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}")  # fullmatch ("$" a
 
 @dataclass(frozen=True)
 class OvsPortSettings:
+    """The OVS port's settings of a network config (modes ovs and ovs-offload)."""
+
     bridge: str
     vlan: int | None = None
     trunks: tuple[int, ...] = ()
@@ -72,6 +74,8 @@ class VfSettings:
 
 @dataclass(frozen=True)
 class TenantnetConf:
+    """A network config as tenantnet reads it: validated, with the node's defaults applied."""
+
     base: NetConf
     mode: str
     mac: str | None

@@ -32,6 +32,8 @@ def host_ifname(container_id: str, ifname: str) -> str:
 
 @dataclass
 class OvsPlan(PortPlan):
+    """Mode `ovs`: the port plan plus the veth's host end, which is the OVS port."""
+
     host_ifname: str = ""  # the veth's host end, the OVS port
 
     def port_name(self) -> str | None:
