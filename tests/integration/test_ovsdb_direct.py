@@ -159,6 +159,12 @@ def test_wait_vswitchd_returns_with_the_port_numbered(lab: Any, port_name: str) 
         subprocess.run(["ip", "link", "delete", port_name], check=False)
 
 
+def test_probe_passes_against_the_labs_ovsdb_and_leaves_the_shared_handle_alone(lab: Any) -> None:
+    before = dict(ovsdb._connections)
+    ovsdb.probe(lab.ovsdb, timeout=2)
+    assert ovsdb._connections == before  # STATUS's check uses a client of its own
+
+
 class Stub:
     """A unix socket that accepts and then never answers (or answers `reply` once)."""
 

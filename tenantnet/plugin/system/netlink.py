@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from tenantnet.plugin.system.groupcommit import GroupCommit, Pending
 from tenantnet.plugin.system.netns import (
     NETNS_THREAD,
     NamespaceNotFound,
@@ -119,6 +120,8 @@ def close() -> None:
 
 @dataclass
 class LinkState:
+    """A link as the kernel reports it (a pod's interface after it is configured)."""
+
     name: str
     index: int
     mac: str
@@ -184,81 +187,61 @@ class _Reaper:
     """Host link deletions of concurrent requests as one unregistration.
 
     Deleting a veth makes the kernel wait for RCU grace periods (≈ 15–25 ms here) while it
-    holds the rtnl lock, so N concurrent DELs wait N times in a row. The first deletion runs
-    at once, as a plain RTM_DELLINK; the ones arriving meanwhile queue, and the next of
-    them to run puts them all in a link group of its own and deletes the group with one
-    RTM_DELLINK: one wait for all (rtnl_group_dellink → unregister_netdevice_many). Each
-    caller returns only once its own link is gone — DEL is never answered before.
+    holds the rtnl lock, so N concurrent DELs wait N times in a row. A group commit
+    (tenantnet.plugin.system.groupcommit): the first deletion runs at once, as a plain
+    RTM_DELLINK; the ones arriving meanwhile queue, and the next of them to run puts them all
+    in a link group of its own and deletes the group with one RTM_DELLINK: one wait for all
+    (rtnl_group_dellink → unregister_netdevice_many). Each caller returns only once its own
+    link is gone — DEL is never answered before.
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition(threading.Lock())
-        self._queued: dict[str, list[Any]] = {}  # name -> [done, deleted, error]
-        self._busy = False
+        self._deletions: GroupCommit[str, bool] = GroupCommit(self._delete_together,
+                                                              interrupted=self._interrupted)
         self._group = REAP_GROUP_BASE + (os.getpid() % REAP_GROUPS)
 
     def delete(self, name: str) -> bool:
-        with self._cond:
-            alone = not self._busy and not self._queued
-            if alone:
-                self._busy = True
-        if not alone and _host_rtnl().link(name) is None:
+        if not self._deletions.idle and _host_rtnl().link(name) is None:
             return False  # nothing to wait for (an ADD clearing a leftover that is not there)
-        with self._cond:
-            if alone:
-                batch = None
-            elif not self._busy and not self._queued:
-                self._busy = True
-                batch = None
-            else:
-                mine = self._queued.setdefault(name, [False, False, None])
-                while not mine[0] and self._busy:
-                    self._cond.wait()
-                if mine[0]:
-                    return self._outcome(mine)
-                self._busy = True
-                batch, self._queued = self._queued, {}
-        try:
-            if batch is None:
-                return bool(_host_rtnl().delete_link(name))
-            self._delete_together(batch)
-            return self._outcome(batch[name])
-        finally:
-            with self._cond:
-                self._busy = False
-                self._cond.notify_all()
+        return self._deletions.submit(name)
 
     @staticmethod
-    def _outcome(entry: list[Any]) -> bool:
-        if entry[2] is not None:
-            raise entry[2]
-        return bool(entry[1])
+    def _interrupted(name: str) -> Exception:
+        # OSError, as the kernel's own errors: `translated` names the link being deleted.
+        return OSError(errno.EINTR, "interrupted before the link was deleted")
 
-    def _delete_together(self, batch: dict[str, list[Any]]) -> None:
+    def _delete_together(self, batch: list[Pending[str, bool]]) -> None:
+        """Each deletion settled: True once its link is gone, False if it was already gone,
+        or the kernel's error (for a failed group deletion: every link of the group's)."""
         rt = _host_rtnl()
+        if len(batch) == 1:
+            (deletion,) = batch
+            try:
+                deletion.succeed(rt.delete_link(deletion.request))
+            except OSError as exc:
+                deletion.fail(exc)
+            return
+        # Only the leader of a batch is here (one at a time): the group is its own.
+        self._group = REAP_GROUP_BASE + (self._group + 1 - REAP_GROUP_BASE) % REAP_GROUPS
+        grouped = []
+        for deletion in batch:
+            try:
+                if rt.set_group(deletion.request, self._group):
+                    grouped.append(deletion)
+                else:
+                    deletion.succeed(False)
+            except OSError as exc:
+                deletion.fail(exc)
+        if not grouped:
+            return
         try:
-            if len(batch) == 1:
-                (name, entry), = batch.items()
-                entry[1] = rt.delete_link(name)
-                return
-            self._group = REAP_GROUP_BASE + (self._group + 1 - REAP_GROUP_BASE) % REAP_GROUPS
-            grouped = []
-            for name, entry in batch.items():
-                try:
-                    entry[1] = rt.set_group(name, self._group)
-                except OSError as exc:
-                    entry[2] = exc
-                if entry[1]:
-                    grouped.append(entry)
-            if grouped:
-                try:
-                    rt.delete_group(self._group)
-                except OSError as exc:
-                    for entry in grouped:
-                        entry[1], entry[2] = False, exc
-        finally:
-            for entry in batch.values():
-                entry[0] = True
+            rt.delete_group(self._group)
+        except OSError as exc:
+            for deletion in grouped:
+                deletion.fail(exc)
+        else:
+            for deletion in grouped:
+                deletion.succeed(True)
 
 
 _reaper = _Reaper()

@@ -19,10 +19,10 @@ for GC) is a `select` away when it needs it.
 - `delete_port` reads the port, checks ownership, and deletes in a transaction whose first
   operation `wait`s for the port's external_ids to be exactly what was checked: a port that
   changed hands in between is never removed (the read is repeated);
-- group commit: writes made while another is in flight are committed together, in one
-  transaction (ovs-vswitchd reconfigures once per transaction it sees, at a cost that grows
-  with the bridge's ports: ≈ 37 ms of its CPU per port at 512 ports when each port is its
-  own transaction, 3 ms when 16 share one);
+- group commit (tenantnet.plugin.system.groupcommit): writes made while another is in
+  flight are committed together, in one transaction (ovs-vswitchd reconfigures once per
+  transaction it sees, at a cost that grows with the bridge's ports: ≈ 37 ms of its CPU
+  per port at 512 ports when each port is its own transaction, 3 ms when 16 share one);
 - `wait_vswitchd`: the transaction increments `next_cfg`, then `cur_cfg` is polled;
 - OvsdbUnavailable (code 11) for a server that is missing, refuses, is silent or is not an
   OVSDB server; OvsdbFailure (code 102) for a transaction that failed. Every request is
@@ -38,6 +38,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tenantnet.plugin.system.groupcommit import Gathering, GroupCommit, Pending
+
 OWNER_KEY = "tenantnet-owner"
 # The attachment a port of ours serves, in its external_ids (written by tenantnet.plugin.drivers.ovsport,
 # checked by ownership-aware deletes).
@@ -48,9 +50,14 @@ DB = "Open_vSwitch"
 MAX_REPLY = 16 << 20  # a reply to one of our requests is a few kB; this bounds a hostile peer
 ATTEMPTS = 5  # transactions whose `wait` found the rows changed since they were read
 _MAX_GROUP = 64  # writes per group transaction: bounds one transaction's size and time
-_BURST_GAP = 0.01  # s: a write this soon after the previous one is part of a burst
-_GATHER = 0.003  # s a burst's leader waits for more writes to join its transaction
-_GATHER_ENOUGH = 16  # writes that end the gathering at once
+# In a burst (writes arriving milliseconds apart), a group's leader gathers company for a
+# moment: an ADD's port transaction runs beside its IPAM and pod setup, so the wait is mostly
+# hidden, and it saves vswitchd a reconfiguration per port.
+_BURST = Gathering(
+    burst_gap=0.01,  # s: a write this soon after the previous one is part of a burst
+    wait=0.003,  # s a burst's leader waits for more writes to join its transaction
+    enough=16,  # writes that end the gathering at once
+)
 _decoder = json.JSONDecoder()
 
 class OvsdbUnavailable(Exception):
@@ -68,44 +75,6 @@ class BridgeNotFound(OvsdbFailure):
 def _split(endpoint: str) -> tuple[str, str]:
     kind, _, rest = endpoint.partition(":")
     return kind, rest
-
-
-def probe(endpoint: str, timeout: float = 1.0) -> None:
-    """Fail fast (OvsdbUnavailable) unless an OVSDB server answers `list_dbs` there."""
-    kind, rest = _split(endpoint)
-    try:
-        if kind == "unix":
-            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            sock.settimeout(timeout)
-            sock.connect(rest)
-        elif kind == "tcp":
-            host, _, port = rest.rpartition(":")
-            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
-        else:
-            raise OvsdbUnavailable(f"OVSDB endpoint {endpoint}: only unix: and tcp: are supported")
-    except OSError as exc:
-        raise OvsdbUnavailable(f"cannot connect to OVSDB at {endpoint}: {exc.strerror or exc}") from None
-    try:
-        sock.sendall(json.dumps({"method": "list_dbs", "params": [], "id": 0}).encode())
-        data = b""
-        while True:
-            chunk = sock.recv(65536)
-            if not chunk:
-                break
-            data += chunk
-            try:
-                reply = json.loads(data)
-                break
-            except ValueError:
-                continue
-        else:  # pragma: no cover - loop always breaks
-            reply = None
-        if not isinstance(reply, dict) or "Open_vSwitch" not in (reply.get("result") or []):
-            raise OvsdbUnavailable(f"{endpoint} answered, but serves no Open_vSwitch database")
-    except OSError as exc:
-        raise OvsdbUnavailable(f"OVSDB at {endpoint} did not answer: {exc.strerror or exc}") from None
-    finally:
-        sock.close()
 
 
 @dataclass
@@ -238,13 +207,13 @@ class _Retry(Exception):
 
 @dataclass
 class _Write:
-    """One caller's write transaction waiting for, or done by, a group commit."""
+    """One caller's write transaction, for a group commit (`Ovsdb._rpc_commit`)."""
 
     what: str
     ops: list[dict[str, Any]]
-    done: bool = False
-    results: list[Any] = field(default_factory=list)
-    error: Exception | None = None
+
+    def interrupted(self) -> Exception:
+        return OvsdbFailure(f"{self.what}: interrupted")
 
 
 class Ovsdb:
@@ -261,12 +230,10 @@ class Ovsdb:
         # The agent's workers (and an ADD's helper thread, drivers/ovs.py) share the handle:
         # one request at a time on the one connection.
         self._io = threading.Lock()
-        # Group commit (_rpc_commit): writes waiting for the transaction after the one in flight.
-        self._group = threading.Condition(threading.Lock())
-        self._queued: list[_Write] = []
-        self._committing = False
-        self._gathering = False  # a leader waits for arrivals (only then are they announced)
-        self._last_arrival = 0.0  # time.monotonic() of the latest write
+        # Group commit (_rpc_commit): writes made while a transaction is in flight are
+        # committed together, in the next one.
+        self._writes: GroupCommit[_Write, list[Any]] = GroupCommit(
+            self._commit_group, interrupted=_Write.interrupted, max_batch=_MAX_GROUP, gathering=_BURST)
 
     # ---- the connection ------------------------------------------------------------------
     def close(self) -> None:
@@ -487,68 +454,32 @@ class Ovsdb:
     def _rpc_commit(self, what: str, ops: list[dict[str, Any]]) -> list[Any]:
         """`ops` as one transaction, as `_rpc_ops` — committed together with the writes other
         threads make meanwhile (see the module). A lone write commits at once."""
-        write = _Write(what, ops)
-        with self._group:
-            now = time.monotonic()
-            in_burst, self._last_arrival = now - self._last_arrival < _BURST_GAP, now
-            self._queued.append(write)
-            if self._gathering:
-                self._group.notify_all()  # the leader gathering company (below) counts arrivals
-        while not write.done:
-            with self._group:
-                while not write.done and self._committing:
-                    self._group.wait()
-                if write.done:
-                    break
-                self._committing = True
-                # In a burst (writes arriving milliseconds apart), gather company for a
-                # moment: an ADD's port transaction runs beside its IPAM and pod setup, so
-                # the wait is mostly hidden, and it saves vswitchd a reconfiguration per port.
-                if in_burst:
-                    until = time.monotonic() + _GATHER
-                    self._gathering = True
-                    while len(self._queued) < _GATHER_ENOUGH and (left := until - time.monotonic()) > 0:
-                        self._group.wait(left)
-                    self._gathering = False
-                batch, self._queued = self._queued[:_MAX_GROUP], self._queued[_MAX_GROUP:]
-            try:
-                self._commit_group(batch)
-            finally:
-                with self._group:
-                    self._committing = False
-                    self._group.notify_all()
-        if write.error is not None:
-            raise write.error
-        return write.results
+        return self._writes.submit(_Write(what, ops))
 
-    def _commit_group(self, batch: list[_Write]) -> None:
+    def _commit_group(self, batch: list[Pending[_Write, list[Any]]]) -> None:
         """`batch` as one transaction; if that fails, each write alone, so that one refused
         write (a port not ours, a bridge gone, rows changed since read) fails only its own
         caller, with its own error."""
-        try:
-            if len(batch) > 1:
-                ops: list[dict[str, Any]] = []
-                for i, write in enumerate(batch):
-                    ops += _renamed(write.ops, f"_{i}")
-                try:
-                    results = self._rpc_ops(f"{len(batch)} port changes", ops)
-                except (_Retry, OvsdbFailure, OvsdbUnavailable):
-                    pass  # retried one by one below, each with its own error
-                else:
-                    for write in batch:
-                        write.results, results = results[:len(write.ops)], results[len(write.ops):]
-                        write.done = True
-                    return
-            for write in batch:
-                try:
-                    write.results = self._rpc_ops(write.what, write.ops)
-                except Exception as exc:
-                    write.error = exc
-                write.done = True
-        finally:
-            for write in batch:  # a BaseException above: never leave a caller waiting
-                if not write.done:
-                    write.error, write.done = OvsdbFailure(f"{write.what}: interrupted"), True
+        if len(batch) > 1:
+            ops: list[dict[str, Any]] = []
+            for i, pending in enumerate(batch):
+                ops += _renamed(pending.request.ops, f"_{i}")
+            try:
+                results = self._rpc_ops(f"{len(batch)} port changes", ops)
+            except (_Retry, OvsdbFailure, OvsdbUnavailable):
+                pass  # retried one by one below, each with its own error
+            else:
+                for pending in batch:
+                    count = len(pending.request.ops)
+                    pending.succeed(results[:count])
+                    results = results[count:]
+                return
+        for pending in batch:
+            write = pending.request
+            try:
+                pending.succeed(self._rpc_ops(write.what, write.ops))
+            except Exception as exc:
+                pending.fail(exc)
 
     # ---- changes ------------------------------------------------------------------------
     def _cfg_ops(self, wait: bool) -> list[dict[str, Any]]:
@@ -680,6 +611,22 @@ class Ovsdb:
             self._applied(what, results, wait)
             return True
         raise OvsdbUnavailable(f"{what}: the port kept changing in OVSDB at {self.endpoint}; try again")
+
+
+def probe(endpoint: str, timeout: float = 1.0) -> None:
+    """Fail fast (OvsdbUnavailable) unless an OVSDB server answers `list_dbs` at `endpoint`,
+    naming Open_vSwitch: STATUS's health check. Through a client of its own, closed at once:
+    STATUS does not queue behind the requests on the process's shared handle, and is bounded
+    by its own `timeout` (the reply, as every reply, by MAX_REPLY)."""
+    db = Ovsdb(endpoint, timeout)
+    try:
+        databases = db._rpc_call("listing databases", "list_dbs", [])
+    except OvsdbFailure:  # an error for an answer: not the Open_vSwitch database's server
+        databases = None
+    finally:
+        db.close()
+    if not isinstance(databases, list) or DB not in databases:
+        raise OvsdbUnavailable(f"{endpoint} answered, but serves no Open_vSwitch database")
 
 
 _connections: dict[str, Ovsdb] = {}
