@@ -6,6 +6,7 @@ without a record, or GC after a crash all find the same link and port again.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -28,6 +29,22 @@ def host_ifname(container_id: str, ifname: str) -> str:
     """`tn` + 11 hex digits: deterministic, ≤ 15 characters, one per attachment."""
     hashed = digest.sha256_hex(f"{container_id}/{ifname}".encode())
     return "tn" + hashed[:11]
+
+
+BRIDGE_SEEN_FOR = 2.0  # seconds a bridge found in OVSDB is taken as still there
+_bridges_seen: dict[tuple[str, str], float] = {}  # (endpoint, bridge) → when it was found
+
+
+def _bridge_seen(db: ovsdb.Ovsdb, bridge: str) -> bool:
+    """The bridge exists: found within BRIDGE_SEEN_FOR, else asked of OVSDB now."""
+    key, now = (db.endpoint, bridge), time.monotonic()
+    if now - _bridges_seen.get(key, -BRIDGE_SEEN_FOR) < BRIDGE_SEEN_FOR:
+        return True
+    if not db.bridge_exists(bridge):
+        _bridges_seen.pop(key, None)
+        return False
+    _bridges_seen[key] = now
+    return True
 
 
 @dataclass
@@ -59,8 +76,12 @@ class OvsDriver(Driver):
         db = self._db(plan)
         # Asked before anything exists: a missing bridge (code 7) or an OVSDB that does not
         # answer (code 11) then leaves nothing to undo — a rollback could not remove a port
-        # from an OVSDB it cannot reach, and would have to keep the record.
-        if not db.bridge_exists(plan.bridge or ""):
+        # from an OVSDB it cannot reach, and would have to keep the record. The port's own
+        # transaction checks the bridge again, so the question is not repeated for a bridge
+        # this process saw moments ago (the agent's 2nd…Nth ADD of a burst: one OVSDB round
+        # trip less on each); one that vanished since fails that transaction, and the
+        # rollback removes the veth.
+        if not _bridge_seen(db, plan.bridge or ""):
             raise CniError(
                 Code.INVALID_CONFIG,
                 f"invalid network config: bridge={plan.bridge!r}: no such bridge in OVSDB "
