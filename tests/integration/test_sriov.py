@@ -133,7 +133,30 @@ def test_del_variants_return_the_vf(nic_lab, vfp, netns_factory, how):
     assert nic_lab.records() == [] and nic_lab.allocations() == []
 
 
-@pytest.mark.parametrize("point", ["add.recorded", "add.attached", "add.ipam-done"])
+def test_pod_ifname_taken_is_code_4_and_the_vf_comes_back(nic_lab, vfp, netns_factory):
+    """The VF moves in and is renamed in one request; in a pod whose ifname is taken it is left
+    there under its own name: the ADD fails with the runtime's error (code 4), and its rollback
+    brings that VF back exactly — not the pod's interface called ifname."""
+    before = snapshot(nic_lab)
+    vf = vfs(nic_lab)[2]
+    ns = netns_factory()
+    ns.run("ip", "link", "add", "net1", "type", "veth", "peer", "name", "other", check=True)
+    cid = new_cid()
+    conf = vfconf(nic_lab, vf["address"], mac="02:aa:00:00:00:09", mtu=1400)
+    inv = vfp.add(conf, ns, cid)
+    assert inv.code == 1 and inv.out["code"] == 4, inv.stdout
+    assert inv.out["msg"] == f"invalid CNI_IFNAME='net1': an interface of that name already exists in {ns.path}"
+    def pod_links():
+        return sorted(d["ifname"] for d in json.loads(ns.run("ip", "-j", "link", "show").stdout))
+
+    assert pod_links() == ["lo", "net1", "other"]  # the pod's own interface stays
+    assert snapshot(nic_lab) == before and nic_lab.records() == [] and nic_lab.allocations() == []
+    assert vfp.call("DEL", conf, cid, ns.path).code == 0
+    assert pod_links() == ["lo", "net1", "other"]
+
+
+@pytest.mark.parametrize("point", ["add.recorded", "sriov.vf-configured", "sriov.netdev-moved", "add.attached",
+                                   "add.ipam-done"])
 def test_sigkill_mid_add_then_del(nic_lab, vfp, netns_factory, point):
     before = snapshot(nic_lab)
     vf = vfs(nic_lab)[3]

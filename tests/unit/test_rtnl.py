@@ -282,6 +282,45 @@ def test_set_link_changes_only_what_is_asked(kwargs: dict, flags: int, change: i
     assert ifinfomsg(msg.body) == ((AF_UNSPEC, 0, 5, flags, change), expected)
 
 
+def test_move_link_moves_and_configures_in_one_setlink() -> None:
+    fake, rt = fake_rtnl(ack())
+    rt.move_link(5, rtnl.LinkChange(name="net1", mac="02:aa:00:00:00:01", mtu=1450, alias="tenantnet:x"),
+                 netns_fd=9)
+    [msg] = messages(fake)
+    assert (msg.type, msg.flags) == (RTM_SETLINK, CHANGE)
+    assert ifinfomsg(msg.body) == ((AF_UNSPEC, 0, 5, 0, 0), {
+        IFLA_NET_NS_FD: u32(9), IFLA_IFNAME: b"net1\0", IFLA_ADDRESS: bytes.fromhex("02aa00000001"),
+        IFLA_MTU: u32(1450), IFLA_IFALIAS: b"tenantnet:x"})
+
+
+def test_move_link_home_by_pid_restores_state_and_clears_the_alias() -> None:
+    fake, rt = fake_rtnl(ack())
+    rt.move_link(7, rtnl.LinkChange(name="ens1f0v2", up=True, alias=""), netns_pid=4242)
+    [msg] = messages(fake)
+    assert ifinfomsg(msg.body) == ((AF_UNSPEC, 0, 7, IFF_UP, IFF_UP), {
+        IFLA_NET_NS_PID: u32(4242), IFLA_IFNAME: b"ens1f0v2\0", IFLA_IFALIAS: b""})
+
+
+def test_move_link_refused_before_the_move_is_a_plain_error() -> None:
+    # The link is still here (looked up by index): nothing moved.
+    fake, rt = fake_rtnl(ack(errno.EEXIST), [(RTM_NEWLINK, 0, link_message(5, "ens1f0v2", up=False))])
+    with pytest.raises(rtnl.RtnlError) as exc:
+        rt.move_link(5, rtnl.LinkChange(name="net1"), netns_fd=9)
+    assert type(exc.value) is rtnl.RtnlError and exc.value.errno == errno.EEXIST
+    _, lookup = messages(fake)
+    assert (lookup.type, lookup.flags) == (RTM_GETLINK, NLM_F_REQUEST)
+    assert ifinfomsg(lookup.body) == ((AF_UNSPEC, 0, 5, 0, 0), {})
+
+
+def test_move_link_refused_after_the_move_says_so() -> None:
+    # The link is gone from here: it moved, and a later part (here the rename) was refused.
+    fake, rt = fake_rtnl(ack(errno.EEXIST), ack(errno.ENODEV))
+    with pytest.raises(rtnl.MovedUnconfigured) as exc:
+        rt.move_link(5, rtnl.LinkChange(name="net1"), netns_fd=9)
+    assert exc.value.errno == errno.EEXIST
+    assert [m.type for m in messages(fake)] == [RTM_SETLINK, RTM_GETLINK]
+
+
 def test_delete_link_by_name() -> None:
     fake, rt = fake_rtnl(ack())
     assert rt.delete_link("tnabc") is True

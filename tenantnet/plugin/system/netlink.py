@@ -352,20 +352,6 @@ def in_netns(netns_path: str, fn: Callable[[Any], T]) -> T:
     return run_in_netns(netns_path, work)
 
 
-def move_to_netns(name: str, netns_path: str) -> None:
-    """Move a host link into a namespace (≈ 19 ms here; only for devices we cannot create there)."""
-    fd = open_netns_fd(netns_path)
-    rt = _host_rtnl()
-    try:
-        with translated(f"moving {name} into {netns_path}"):
-            link = rt.link(name)
-            if link is None:
-                raise LinkNotFound(f"link {name} not found in the host namespace", errno.ENODEV)
-            rt.set_link(link.index, netns_fd=fd)
-    finally:
-        os.close(fd)
-
-
 def _set(rt: Any, index: int, *, new_name: str | None = None, mac: str | None = None,
          mtu: int | None = None, up: bool | None = None, alias: str | None = None) -> None:
     if new_name is not None or mac is not None:
@@ -382,15 +368,6 @@ def _set(rt: Any, index: int, *, new_name: str | None = None, mac: str | None = 
         rt.set_link(index, up=up)
 
 
-def set_pod_link(netns_path: str, name: str, *, new_name: str | None = None, mac: str | None = None,
-                 mtu: int | None = None, up: bool | None = None, alias: str | None = None) -> None:
-    with open_rtnl(netns_path) as rt, translated(f"configuring {name} in {netns_path}"):
-        link = rt.link(name)
-        if link is None:
-            raise LinkNotFound(f"interface {name} not found in {netns_path}", errno.ENODEV)
-        _set(rt, link.index, new_name=new_name, mac=mac, mtu=mtu, up=up, alias=alias)
-
-
 def set_host_link(name: str, *, new_name: str | None = None, mac: str | None = None,
                   mtu: int | None = None, up: bool | None = None, alias: str | None = None) -> None:
     rt = _host_rtnl()
@@ -401,16 +378,3 @@ def set_host_link(name: str, *, new_name: str | None = None, mac: str | None = N
         _set(rt, link.index, new_name=new_name, mac=mac, mtu=mtu, up=up, alias=alias)
 
 
-def return_to_host(netns_path: str, name: str, host_name: str) -> bool:
-    """Move `name` out of the pod back to the host as `host_name`; False if it is not there."""
-    host_pid = os.getpid()  # the main thread stays in the host namespace
-    with open_rtnl(netns_path) as rt, \
-            translated(f"returning {name} from {netns_path} to the host as {host_name}"):
-        link = rt.link(name)
-        if link is None:
-            return False
-        rt.set_link(link.index, up=False)
-        if name != host_name:
-            rt.set_link(link.index, name=host_name)
-        rt.set_link(link.index, netns_pid=host_pid)
-        return True

@@ -4,9 +4,10 @@ pyroute2's synchronous IPRoute drives an asyncio loop per request and resolves a
 dumping every link: ≈ 1–2 ms per request here, and a dump that grows with the number of
 pods on the node. The requests an `ovs` attachment needs (look a link up by name, create a
 veth whose peer is born in the pod, bring links up, add addresses and routes, delete a
-link) are a handful of fixed messages, so they are encoded here with `struct` and sent on
-a socket of our own: tens of microseconds of Python per request, plus what the kernel
-takes. Everything else (VF attributes, dumps for GC …) stays with pyroute2.
+link), and a VF netdev's move into the pod and back, configured in the same request, are a
+handful of fixed messages, so they are encoded here with `struct` and sent on a socket of
+our own: tens of microseconds of Python per request, plus what the kernel takes.
+Everything else (VF attributes, dumps for GC …) stays with pyroute2.
 
 Errors come back as `RtnlError` (an OSError carrying the kernel's errno);
 `tenantnet.plugin.system.netlink` turns them into its named exceptions, as it does pyroute2's.
@@ -58,6 +59,11 @@ class RtnlError(OSError):
     """The kernel refused a request (errno as the kernel gave it)."""
 
 
+class MovedUnconfigured(RtnlError):
+    """`Rtnl.move_link`: the link did move, and the kernel refused part of what the same
+    request set on it afterwards (errno as the kernel gave it)."""
+
+
 @dataclass
 class Link:
     index: int
@@ -67,6 +73,17 @@ class Link:
     up: bool
     kind: str
     alias: str = ""
+
+
+@dataclass(frozen=True)
+class LinkChange:
+    """What a request sets on a link; None leaves it as it is (an empty alias clears it)."""
+
+    name: str | None = None
+    mac: str | None = None
+    mtu: int | None = None
+    up: bool | None = None
+    alias: str | None = None
 
 
 def _nla(kind: int, payload: bytes) -> bytes:
@@ -170,11 +187,11 @@ class Rtnl:
         self._request(kind, flags | NLM_F_ACK, body)
 
     # ---- links ----------------------------------------------------------------------------
-    def link(self, name: str) -> Link | None:
-        """The link called `name` in this socket's namespace, or None."""
+    def link(self, name: str = "", *, index: int = 0) -> Link | None:
+        """The link called `name` (or numbered `index`) in this socket's namespace, or None."""
         try:
-            answers = self._request(RTM_GETLINK, 0, _IFINFOMSG.pack(0, 0, 0, 0, 0)
-                                    + _nla(IFLA_IFNAME, _name(name)))
+            answers = self._request(RTM_GETLINK, 0, _IFINFOMSG.pack(0, 0, index, 0, 0)
+                                    + (_nla(IFLA_IFNAME, _name(name)) if name else b""))
         except RtnlError as exc:
             if exc.errno in (errno.ENODEV, errno.ENOENT):
                 return None
@@ -275,6 +292,24 @@ class Rtnl:
             flags, change = (IFF_UP if up else 0), IFF_UP
         self._ack(RTM_SETLINK, 0,
                   _IFINFOMSG.pack(0, 0, index, flags, change) + b"".join(attrs))
+
+    def move_link(self, index: int, change: LinkChange, *, netns_fd: int | None = None,
+                  netns_pid: int | None = None) -> None:
+        """Move link `index` into the namespace of `netns_fd` (or of process `netns_pid`) and
+        apply `change` to it there, in one RTM_SETLINK.
+
+        The kernel moves first (linux/rtnetlink.c, do_setlink): that closes the link, so a
+        rename needs no down of its own, and a link whose name is taken in the target takes
+        `change.name` on the way. Then, on the moved link: MAC, MTU, name, alias, state.
+        Each part is applied as it comes, so a refusal after the move leaves the link
+        moved: that is `MovedUnconfigured`; any other RtnlError means it did not move."""
+        try:
+            self.set_link(index, netns_fd=netns_fd, netns_pid=netns_pid, name=change.name, mac=change.mac,
+                          mtu=change.mtu, up=change.up, alias=change.alias)
+        except RtnlError as exc:
+            if self.link(index=index) is not None:
+                raise
+            raise MovedUnconfigured(exc.errno, exc.strerror) from None
 
     # ---- addresses and routes -------------------------------------------------------------
     def add_address(self, index: int, address: ipaddress.IPv4Interface | ipaddress.IPv6Interface) -> None:
