@@ -267,6 +267,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
     from tenantnet.ops.harness import HarnessError, Pod, load_network_config
     from tenantnet.plugin import nodeconfig as config
     from tenantnet.plugin import tenancy, tnconf
+    from tenantnet.plugin.settings import TENANT_VLAN
 
     try:
         node = config.load(node_config_path(args))
@@ -288,7 +289,7 @@ def cmd_policy(args: argparse.Namespace) -> int:
         print(f"allowed: no tenancy policy in {node.source}; every pod may use every network")
         return 0
     settings = conf.ovs or conf.vf
-    deferred = raw.get("vlan") == tenancy.TENANT_VLAN
+    deferred = raw.get("vlan") == TENANT_VLAN
     d = tenancy.decide(policy, pod.namespace, pod.name, conf.name, raw,
                        None if deferred or settings is None else settings.vlan,
                        conf.ovs.trunks if conf.ovs else ())

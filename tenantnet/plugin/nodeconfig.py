@@ -174,17 +174,19 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                                  "a number of seconds between 1 and 3600"),
 }
 
-_VF_CONTROL = re.compile(r"[a-z][a-z0-9-]*:\S+")
-_RESOURCE = re.compile(r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?")
-_MODULE = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")
+# Patterns of keys few node configs have, as text: `re.fullmatch` compiles one (and keeps
+# it) the first time a config has the key, instead of every exec compiling all of them.
+_VF_CONTROL = r"[a-z][a-z0-9-]*:\S+"
+_RESOURCE = r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"
+_MODULE = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
 
 
 _PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir",
               "ipamDataDir", "podResourcesSocket", "nvidiaProcRoot",
               "etcdCaFile", "etcdCertFile", "etcdKeyFile", "vswitchdLog")
-_ETCD_URL = re.compile(r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?")
-_NODE_NAME = re.compile(r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?")
+_ETCD_URL = r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?"
+_NODE_NAME = r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?"
 
 
 def normalise_ovsdb_endpoint(value: str) -> str | None:
@@ -255,11 +257,11 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             if value is None:
                 raise _bad(path, key, data[key], allowed)
         elif key in ("vfControl", "rdmaControl") and not (
-                value == "netlink" or _VF_CONTROL.fullmatch(cast(str, value))):
+                value == "netlink" or re.fullmatch(_VF_CONTROL, cast(str, value))):
             raise _bad(path, key, value, allowed)
         elif key in ("vfControlModules", "rdmaControlModules"):
             modules = cast("list[object]", value)
-            if not all(isinstance(v, str) and _MODULE.fullmatch(v) for v in modules):
+            if not all(isinstance(v, str) and re.fullmatch(_MODULE, v) for v in modules):
                 raise _bad(path, key, value, allowed)
             value = tuple(modules)
         elif key in _PATH_KEYS and plain_path_problem(value):
@@ -271,7 +273,7 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             value = tuple(paths)
         elif key == "gpuResourceNames":
             names = cast("list[object]", value)
-            if not names or not all(isinstance(n, str) and _RESOURCE.fullmatch(n) for n in names):
+            if not names or not all(isinstance(n, str) and re.fullmatch(_RESOURCE, n) for n in names):
                 raise _bad(path, key, value, allowed)
             value = tuple(names)
         elif key == "gpuMap":
@@ -304,10 +306,10 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             raise _bad(path, key, value, allowed)
         elif key == "etcdEndpoints":
             urls = cast("list[object]", value)
-            if not urls or not all(isinstance(u, str) and _ETCD_URL.fullmatch(u) for u in urls):
+            if not urls or not all(isinstance(u, str) and re.fullmatch(_ETCD_URL, u) for u in urls):
                 raise _bad(path, key, value, allowed)
             value = tuple(urls)
-        elif key == "nodeName" and not _NODE_NAME.fullmatch(cast(str, value)):
+        elif key == "nodeName" and not re.fullmatch(_NODE_NAME, cast(str, value)):
             raise _bad(path, key, value, allowed)
         elif key == "nodeAddress":
             try:

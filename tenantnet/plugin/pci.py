@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 
-_PCI_ADDRESS = re.compile(
-    r"(?:(?P<domain>[0-9a-fA-F]{4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<device>[0-9a-fA-F]{2})\.(?P<function>[0-7])"
-)
+# Text, not compiled: `re.fullmatch` compiles it the first time a PCI address is read (mode
+# sriov), not in every exec that imports the config decoder.
+_PCI_ADDRESS = (r"(?:(?P<domain>[0-9a-fA-F]{4}):)?(?P<bus>[0-9a-fA-F]{2}):(?P<device>[0-9a-fA-F]{2})"
+                r"\.(?P<function>[0-7])")
+
 
 def normalise_pci_address(text: str) -> str | None:
     """`0000:3b:00.2` or `3b:00.2` → `0000:3b:00.2` (lowercase); None if malformed.
@@ -18,7 +20,7 @@ def normalise_pci_address(text: str) -> str | None:
     """
     if not isinstance(text, str):
         return None
-    m = _PCI_ADDRESS.fullmatch(text)
+    m = re.fullmatch(_PCI_ADDRESS, text)
     if m is None or int(m["device"], 16) > 0x1F:
         return None
     return f"{(m['domain'] or '0000').lower()}:{m['bus'].lower()}:{m['device'].lower()}.{m['function']}"

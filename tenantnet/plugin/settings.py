@@ -29,6 +29,9 @@ from hostfiles.confined import confined, confined_dir, read_confined, within
 from ipam.config import DEFAULT_DATA_DIR, HOST_LOCAL_DATA_DIR
 from tenantnet.plugin.nodeconfig import NodeConfig, normalise_ovsdb_endpoint
 
+# A NAD's `"vlan": "tenant"`: the tenancy policy (tenantnet/plugin/tenancy.py) picks the VLAN.
+TENANT_VLAN = "tenant"
+
 LOG_LEVELS = ("debug", "info", "warning", "error", "panic")
 _LOG_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}")
 # The plugin's own names: an `ipam.type` that is one of these would make tenantnet exec

@@ -30,10 +30,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cni.errors import CniError, Code
+from tenantnet.plugin.settings import TENANT_VLAN
 
 _RANGE = re.compile(r"^\s*(\d{1,4})\s*-\s*(\d{1,4})\s*$")
 # `"vlan": "tenant"` in a NAD: the pod's tenant's VLAN on that network, resolved here.
-TENANT_VLAN = "tenant"
 
 
 @dataclass(frozen=True)
@@ -321,13 +321,8 @@ def decide(policy: TenantPolicy, namespace: str, pod: str, network: str, raw: di
                                        f"vlan {_ranges(sorted(requested_vlans(raw, vlan, trunks)))}", chosen)
 
 
-def enforce(policy: TenantPolicy | None, conf: Any, env: Any, log: Any) -> Any:
+def enforce(policy: TenantPolicy, conf: Any, env: Any, log: Any) -> Any:
     """Check an ADD against the policy; return the config to use (VLAN filled in, defaults forced)."""
-    if policy is None:
-        if conf.base.raw.get("vlan") == TENANT_VLAN:
-            raise CniError(Code.INVALID_CONFIG, 'invalid network config: vlan="tenant" needs a tenancy '
-                                                "policy in the node config")
-        return conf
     settings = conf.ovs or conf.vf
     vlan = settings.vlan if settings is not None else None
     trunks = conf.ovs.trunks if conf.ovs is not None else ()

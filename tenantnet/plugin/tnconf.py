@@ -18,7 +18,7 @@ from cni.netconf import NetConf, ci_get
 from cni.result import DNS
 from tenantnet.plugin import settings
 from tenantnet.plugin.nodeconfig import NodeConfig
-from tenantnet.plugin.tenancy import TENANT_VLAN
+from tenantnet.plugin.settings import TENANT_VLAN
 
 # The modes a config may name; tenantnet/plugin/modes.py has a driver for each (a unit test
 # checks that the two agree).
@@ -423,14 +423,22 @@ def settle(conf: NetConf, env: CniEnv, node: NodeConfig, log: Any) -> TenantnetC
     (settings.bind_fabric), the NAD parsed, and the tenancy policy's decision applied."""
     from dataclasses import replace
 
+    if node.tenancy is None and not node.tenancy_file:  # no policy: tenancy.py is not even imported
+        raw = settings.bind_fabric(None, conf.raw, node)
+        tconf = parse(conf if raw is conf.raw else replace(conf, raw=raw), env, node)
+        if tconf.base.raw.get("vlan") == TENANT_VLAN:
+            raise CniError(Code.INVALID_CONFIG, 'invalid network config: vlan="tenant" needs a tenancy '
+                                                "policy in the node config")
+        return tconf
     from tenantnet.plugin import tenancy
 
     policy = tenancy.load(node)
+    assert policy is not None
     raw = settings.bind_fabric(policy, conf.raw, node)
     if raw is not conf.raw:
         conf = replace(conf, raw=raw)
     tconf = parse(conf, env, node)
-    if policy is not None and tconf.vf is not None:
+    if tconf.vf is not None:
         decl = policy.networks.get(conf.name)
         if decl is not None:
             tconf = replace(tconf, vf=replace(tconf.vf, allowed_pfs=decl.pfs))
