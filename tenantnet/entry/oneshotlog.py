@@ -16,7 +16,6 @@ Each line is one `write` on an O_APPEND descriptor, so lines of the call's helpe
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 
@@ -59,11 +58,16 @@ def one_line(_logger: Any, _name: str, event: dict[str, Any]) -> str:
 
 
 class Sink:
-    """Where one exec's lines go: the log file's descriptor (None when it cannot be opened),
-    the threshold, and whether warnings and errors also get their line on stderr."""
+    """Where one exec's lines go: the log file (from its descriptor; None when it cannot be
+    opened), the threshold, and whether warnings and errors also get their line on stderr.
+
+    The file is an unbuffered binary file object, so each line is still one write, and the
+    descriptor is closed when the last logger of this sink is gone — not before: a process
+    that sets its log up again (a test running calls in-process one after another) neither
+    keeps a descriptor per call nor writes through a number the kernel may have reused."""
 
     def __init__(self, fd: int | None, threshold: int, stderr: bool) -> None:
-        self.fd = fd
+        self.file = open(fd, "ab", buffering=0, closefd=True) if fd is not None else None  # noqa: SIM115
         self.threshold = threshold
         self.stderr = stderr
 
@@ -76,10 +80,10 @@ class Sink:
             text = exception_text(exc_info)
             if text:
                 entry["exception"] = text
-        if self.fd is not None:
+        if self.file is not None:
             line = json.dumps(entry, default=repr) + "\n"
             try:
-                os.write(self.fd, line.encode("utf-8", "backslashreplace"))
+                self.file.write(line.encode("utf-8", "backslashreplace"))
             except OSError:
                 pass  # a full or broken log disk must not fail the attachment
         if self.stderr and log.LEVELS[level] >= log.LEVELS["warning"]:

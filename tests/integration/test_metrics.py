@@ -129,10 +129,13 @@ class Scraper(threading.Thread):
 # ---- a scrape during a burst ---------------------------------------------------------------
 
 PODS, RAILS, PARALLEL = 128, 8, 16
-ORDER = ("scraped", "plain", "plain", "scraped")  # ABBA: a drift hits both alike
-PLAIN_FOR_REBUILD = 2  # the round (a plain one) after whose ADDs one offload rebuild is measured
+# One round of each (the suite's time: a round is ≈ 15 s). The 5 % bound does not compare
+# rounds — it is the endpoint's self-measured share of the scraped round's CPU — so one
+# round is enough for it; the wall guard compares two single rounds, hence its margin.
+ORDER = ("scraped", "plain")
+PLAIN_FOR_REBUILD = 1  # the round (a plain one) after whose ADDs one offload rebuild is measured
 CPU_BOUND = 0.05   # what the endpoint cost the agent, as a share of the agent's CPU for the burst
-WALL_BOUND = 0.20  # the ADD phase's wall time, scraped vs not: a guard only (see the docstring)
+WALL_BOUND = 0.30  # the ADD phase's wall time, scraped vs not: a guard only (see the docstring)
 
 
 def offload_rebuild_cost(node: Path) -> dict[str, float]:
@@ -162,8 +165,8 @@ def test_scraping_every_second_does_not_slow_a_1024_add_burst(lab, run_dir, agen
     """What is compared, and why:
 
     The same burst as bench_agent's (128 pods × 8 rails = 1,024 ADDs, 16 execs at once through
-    `.venv/bin/tenantnet`, tenantnet-ipam, then the 1,024 DELs) runs 4 times on one agent,
-    alternately with and without a thread GETting /metrics once a second (order S P P S).
+    `.venv/bin/tenantnet`, tenantnet-ipam, then the 1,024 DELs) runs twice on one agent,
+    first with and then without a thread GETting /metrics once a second.
 
     Asserted at 5 %: what the endpoint costs the agent, measured by the agent itself — the CPU
     time of its scrape threads and of the offload report's rebuilds (`time.thread_time()`
@@ -173,7 +176,7 @@ def test_scraping_every_second_does_not_slow_a_1024_add_burst(lab, run_dir, agen
     scraped and plain rounds would say the same with noise: on this shared 2-core box the
     same burst's CPU moves by ±20 % from round to round, which 5 % drowns in.
 
-    Printed, and asserted only as a guard at 20 %: the scraped vs plain ratios of the agent's
+    Printed, and asserted only as a guard at 30 %: the scraped vs plain ratios of the agent's
     CPU and of the ADD phases' wall time (what a runtime sees; the scraper's own process
     shares the cores with the 16 execs here, which a Prometheus server on another machine
     would not).

@@ -110,3 +110,30 @@ def test_timestamps_are_structlogs() -> None:
     for now in (0.0, 1764689000.5, 1764689000.000001, 1764689000.999999, 1764689001.0):
         expected = datetime.datetime.fromtimestamp(now, datetime.UTC).isoformat().replace("+00:00", "Z")
         assert timestamp(now) == expected, now
+
+
+def test_setting_the_log_up_again_and_again_keeps_no_descriptor_per_call(tmp_path: Path) -> None:
+    """What a test suite (or any process running calls in-process one after another) does;
+    a logger still held writes to its own file, never through a reused descriptor."""
+    script = textwrap.dedent(f"""
+        import os, sys
+        sys.path.insert(0, {str(ROOT)!r})
+        from tenantnet.entry import logsetup
+        from tenantnet.plugin import log
+        first = None
+        before = len(os.listdir("/proc/self/fd"))
+        for i in range(300):
+            logsetup.setup_one_shot({str(tmp_path / "t.log")!r}, "info")
+            log.get().info("call", i=i)
+            first = first or log.get()
+        print(len(os.listdir("/proc/self/fd")) - before)
+        other = open({str(tmp_path / "other")!r}, "w")  # may get a freed descriptor number
+        first.info("held.logger")
+        other.close()
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert int(proc.stdout) <= 2  # the last sink's file (and the first, still held)
+    lines = [json.loads(line) for line in (tmp_path / "t.log").read_text().splitlines()]
+    assert [line.get("i") for line in lines[:300]] == list(range(300))
+    assert lines[-1]["event"] == "held.logger"
+    assert (tmp_path / "other").read_text() == ""

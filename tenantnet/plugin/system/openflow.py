@@ -694,7 +694,9 @@ class Switch:
     def _drain(self, sock: socket.socket) -> None:
         """What the switch sent while the connection was idle: answer its echo requests,
         forget the rest; _Stale if it closed the connection."""
-        while select.select([sock], [], [], 0)[0]:
+        readable = select.poll()  # poll, not select: a descriptor above 1023 is fine
+        readable.register(sock, select.POLLIN)
+        while readable.poll(0):
             try:
                 chunk = sock.recv(1 << 16)
             except (ConnectionResetError, BrokenPipeError):
