@@ -207,17 +207,22 @@ def main() -> None:
     ap.add_argument("--pods", type=int, default=128, help="pods in the burst (default 128)")
     ap.add_argument("--rails", type=int, default=8, help="attachments per pod (default 8)")
     ap.add_argument("--parallel", type=int, default=16, help="execs at once in the burst (default 16)")
+    ap.add_argument("--workers", type=int, help="the agent's --workers (default: the agent's own default)")
+    ap.add_argument("--burst-only", action="store_true", help="only the two bursts (no latency rows)")
     ap.add_argument("--out", help="markdown file to update between the bench_agent markers")
     args = ap.parse_args()
+    if args.burst_only and args.out:
+        ap.error("--burst-only leaves out the rows the bench_agent block holds; print it, without --out")
 
     work = Path(tempfile.mkdtemp(prefix="tnba-"))
     info = lab.up(str(work / "lab"))
     agent_conf, plain_conf = node_configs(info.node_config, work)
-    agent = start_agent(agent_conf, work / "agent.err")
+    agent = start_agent(agent_conf, work / "agent.err", args.workers)
     try:
         lines = [machine_line(args.count, "attachments per variant"), ""]
-        lines += latency(info, work, agent_conf, plain_conf, args.count)
-        lines += ["", *overhead(agent_conf, plain_conf, max(args.count, 30))]
+        if not args.burst_only:
+            lines += latency(info, work, agent_conf, plain_conf, args.count)
+            lines += ["", *overhead(agent_conf, plain_conf, max(args.count, 30))]
         for one_vlan in (False, True):
             lines += ["", *burst(info, work, agent_conf, agent.pid, f"{work}/sock/agent.sock", args.pods,
                                  args.rails, args.parallel, one_vlan)]

@@ -162,8 +162,9 @@ if __name__ == "__main__":
     write_block(sys.argv[2], sys.argv[1], sys.stdin.read().rstrip("\n").splitlines())
 
 
-def start_agent(node_config: Path, log: Path) -> subprocess.Popen[bytes]:
-    """`tenantnetctl agent run` for `node_config` (which names its agentSocket), once it answers."""
+def start_agent(node_config: Path, log: Path, workers: int | None = None) -> subprocess.Popen[bytes]:
+    """`tenantnetctl agent run` for `node_config` (which names its agentSocket), once it answers;
+    `workers`: its --workers (None: the agent's default)."""
 
     from tenantnet.entry import agentctl as agentmod
     from tenantnet.entry import shim
@@ -171,7 +172,8 @@ def start_agent(node_config: Path, log: Path) -> subprocess.Popen[bytes]:
 
     with open(log, "wb") as err:
         proc = subprocess.Popen([sys.executable, "-m", "tenantnet.entry.agentctl", "--node-config",
-                                 str(node_config), "run"], stdout=subprocess.DEVNULL, stderr=err)
+                                 str(node_config), "run", *(["--workers", str(workers)] if workers else [])],
+                                stdout=subprocess.DEVNULL, stderr=err)
     sock = nodepath.agent_socket_of(str(node_config))[0]
     deadline = time.monotonic() + 30
     while True:

@@ -16,6 +16,7 @@ from typing import Any
 
 from tenantnet.entry import shim
 from tenantnet.entry.agent import (
+    DEFAULT_ADDS_AT_ONCE,
     DEFAULT_MAX_INFLIGHT,
     DEFAULT_WEDGED_AFTER,
     DEFAULT_WORKERS,
@@ -43,11 +44,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"tenantnetctl agent run: {err.msg}", file=sys.stderr)
         return 2
     socket_path = args.socket or node.agent_socket  # nodeconfig.load agrees with the shim's reading
-    if args.max_inflight < 1 or args.workers < 1:
-        print("tenantnetctl agent run: --max-inflight and --workers must be at least 1", file=sys.stderr)
+    if args.max_inflight < 1 or args.workers < 1 or args.adds_at_once < 1:
+        print("tenantnetctl agent run: --max-inflight, --workers and --adds-at-once must be at least 1",
+              file=sys.stderr)
         return 2
     agent = Agent(socket_path, path, max_inflight=args.max_inflight, workers=args.workers,
-                  collectors=getattr(args, "collectors", ()))
+                  adds_at_once=args.adds_at_once, collectors=getattr(args, "collectors", ()))
     try:
         agent.start(node.log_file, node.log_level)
     except (AgentError, OSError) as exc:
@@ -90,7 +92,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         print(f"tenantnet agent: running, pid {report['pid']}, socket {report['socket']}, "
               f"up {report['uptimeS']} s")
         print(f"  served {report['served']}, rejected {report['rejected']} (limit {report['maxInflight']} "
-              f"in flight, {report['workers']} workers), expired {report['expired']}")
+              f"in flight, {report['workers']} workers, {report.get('addsAtOnce', '?')} of them for ADDs), "
+              f"expired {report['expired']}")
         print(f"  RSS {report['rssKb'] / 1024:.1f} MB (peak {report['peakRssKb'] / 1024:.1f} MB)")
     if wedged:
         print(f"tenantnet agent: wedged: a worker has been busy on one request for "
@@ -111,6 +114,9 @@ def register(subparsers: Any, collectors: Sequence[CollectorMaker] = ()) -> argp
                      help=f"requests in flight before new ones get code 11 (default {DEFAULT_MAX_INFLIGHT})")
     run.add_argument("--workers", type=int, default=DEFAULT_WORKERS, metavar="N",
                      help=f"requests executed at once (default {DEFAULT_WORKERS})")
+    run.add_argument("--adds-at-once", type=int, default=DEFAULT_ADDS_AT_ONCE, metavar="N",
+                     help=f"of them, ADDs (CPU-bound; the other workers serve DELs, which mostly wait "
+                          f"for the kernel) (default {DEFAULT_ADDS_AT_ONCE})")
     run.set_defaults(func=cmd_run, collectors=tuple(collectors))
     st = sub.add_parser("status", help="is the agent answering? (exit 3 if not)")
     st.add_argument("--socket", help="unix socket path (default: the node config's agentSocket)")

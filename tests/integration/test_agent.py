@@ -236,6 +236,49 @@ def test_missing_agent_status_50_other_verbs_in_process(lab, run_dir, agents, ne
     assert code == 0 and lab.records() == [] and lab.owned_ports() == []
 
 
+# ---- ADDs at once ----------------------------------------------------------------------------
+
+SLOW_IPAM = """#!/bin/sh
+cat >/dev/null
+if [ "$CNI_COMMAND" = ADD ]; then
+  sleep 1.5
+  echo '{"cniVersion": "1.0.0", "ips": [{"address": "10.87.0.5/24"}]}'
+fi
+exit 0
+"""
+
+
+def test_adds_beyond_adds_at_once_wait_without_holding_a_worker_a_del_needs(lab, run_dir, agents,
+                                                                           netns_factory):
+    node = agent_node_config(lab, run_dir)
+    cni_dir = run_dir / "cni"
+    cni_dir.mkdir()
+    (cni_dir / "slow-ipam").write_text(SLOW_IPAM)
+    (cni_dir / "slow-ipam").chmod(0o755)
+    agent = start_agent(node, "--workers", "2", "--adds-at-once", "1")
+    agents.append(agent)
+    assert agent.status()["addsAtOnce"] == 1
+    conf = {"cniVersion": "1.0.0", "name": "capped", "type": "tenantnet", "bridge": lab.bridge,
+            "ipam": {"type": "slow-ipam"}}
+    envs = [shim_env(node, "ADD", CNI_CONTAINERID=new_cid(), CNI_IFNAME="net1", CNI_NETNS=netns_factory().path,
+                     CNI_PATH=f"{cni_dir}:{BIN}:{GO_PLUGINS}") for _ in range(2)]
+    started = time.monotonic()
+    with ThreadPoolExecutor(2) as pool:
+        adds = [pool.submit(call, env, conf) for env in envs]
+        seen = wait_until(lambda: (r := agent.status())["inflight"] >= 2 and r, 10, "both ADDs in the agent")
+        assert seen["busyWorkers"] == 1, seen  # the second ADD waits for its slot, not in a worker
+        # A DEL meanwhile gets the free worker at once (nothing recorded: it only looks).
+        code, out, elapsed = call({**envs[0], "CNI_CONTAINERID": new_cid(), "CNI_COMMAND": "DEL"}, conf)
+        assert code == 0 and elapsed < 1.0, (out, elapsed)
+        assert not all(a.done() for a in adds), "the ADDs ended before the DEL: the test measured nothing"
+        results = [a.result(timeout=60) for a in adds]
+    assert [code for code, _, _ in results] == [0, 0], results
+    assert time.monotonic() - started >= 3.0  # one after the other: 2 × 1.5 s of IPAM
+    for env in envs:
+        assert call({**env, "CNI_COMMAND": "DEL"}, conf)[0] == 0
+    assert lab.records() == [] and lab.owned_ports() == []
+
+
 # ---- SIGKILL during a burst ------------------------------------------------------------------
 
 def test_agent_sigkilled_during_burst_then_del_of_everything_leaves_nothing(lab, run_dir, agents,
