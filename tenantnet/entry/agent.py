@@ -41,8 +41,8 @@ DEFAULT_MAX_INFLIGHT = 64
 # Workers, and of them how many may run an ADD: an ADD is CPU work (the agent's and
 # ovs-vswitchd's), a DEL mostly waits for the kernel to tear its veth down (RCU), and DELs
 # that overlap share one wait (netlink's link-group reaper). Measured on 2 cores, 1,024
-# attachments 16 at a time: 8 workers — ADDs 5.1 s, DELs 5.7 s; 16 — ADDs 5.6 s, DELs 3.9 s;
-# 16 with at most 8 ADDs at once keeps both.
+# attachments 16 at a time, interleaved: 8 workers — ADDs 5.2–5.8 s, DELs 5.8 s; 16 with at
+# most 8 ADDs at once — ADDs 5.2–5.4 s, DELs 4.2–4.3 s (16 ADDs at once: slower ADDs).
 DEFAULT_WORKERS = 16
 DEFAULT_ADDS_AT_ONCE = 8
 READ_TIMEOUT = 5.0  # a client that connects but does not send its request within this is dropped
