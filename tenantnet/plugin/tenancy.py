@@ -30,10 +30,9 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from cni.errors import CniError, Code
-from tenantnet.plugin.settings import TENANT_VLAN
+from tenantnet.plugin.settings import TENANT_VLAN  # a NAD's "vlan": "tenant", resolved here
 
 _RANGE = re.compile(r"^\s*(\d{1,4})\s*-\s*(\d{1,4})\s*$")
-# `"vlan": "tenant"` in a NAD: the pod's tenant's VLAN on that network, resolved here.
 
 
 @dataclass(frozen=True)
