@@ -423,21 +423,20 @@ def settle(conf: NetConf, env: CniEnv, node: NodeConfig, log: Any) -> TenantnetC
     (settings.bind_fabric), the NAD parsed, and the tenancy policy's decision applied."""
     from dataclasses import replace
 
-    if node.tenancy is None and not node.tenancy_file:  # no policy: tenancy.py is not even imported
-        raw = settings.bind_fabric(None, conf.raw, node)
-        tconf = parse(conf if raw is conf.raw else replace(conf, raw=raw), env, node)
-        if tconf.base.raw.get("vlan") == TENANT_VLAN:
-            raise CniError(Code.INVALID_CONFIG, 'invalid network config: vlan="tenant" needs a tenancy '
-                                                "policy in the node config")
-        return tconf
-    from tenantnet.plugin import tenancy
+    policy = None
+    if node.tenancy is not None or node.tenancy_file:  # without a policy tenancy.py is not imported
+        from tenantnet.plugin import tenancy
 
-    policy = tenancy.load(node)
-    assert policy is not None
+        policy = tenancy.load(node)
     raw = settings.bind_fabric(policy, conf.raw, node)
     if raw is not conf.raw:
         conf = replace(conf, raw=raw)
     tconf = parse(conf, env, node)
+    if policy is None:
+        if tconf.base.raw.get("vlan") == TENANT_VLAN:
+            raise CniError(Code.INVALID_CONFIG, 'invalid network config: vlan="tenant" needs a tenancy '
+                                                "policy in the node config")
+        return tconf
     if tconf.vf is not None:
         decl = policy.networks.get(conf.name)
         if decl is not None:
