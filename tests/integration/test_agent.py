@@ -238,23 +238,27 @@ def test_missing_agent_status_50_other_verbs_in_process(lab, run_dir, agents, ne
 
 # ---- ADDs at once ----------------------------------------------------------------------------
 
-SLOW_IPAM = """#!/bin/sh
+def install_slow_ipam(cni_dir: Path, seconds: float, address: str) -> None:
+    """An IPAM plugin `slow-ipam` in `cni_dir` (made here) whose ADD takes `seconds` and
+    answers `address`; its other verbs answer at once."""
+    cni_dir.mkdir()
+    script = cni_dir / "slow-ipam"
+    script.write_text(f"""#!/bin/sh
 cat >/dev/null
 if [ "$CNI_COMMAND" = ADD ]; then
-  sleep 1.5
-  echo '{"cniVersion": "1.0.0", "ips": [{"address": "10.87.0.5/24"}]}'
+  sleep {seconds}
+  echo '{{"cniVersion": "1.0.0", "ips": [{{"address": "{address}"}}]}}'
 fi
 exit 0
-"""
+""")
+    script.chmod(0o755)
 
 
 def test_adds_beyond_adds_at_once_wait_without_holding_a_worker_a_del_needs(lab, run_dir, agents,
                                                                            netns_factory):
     node = agent_node_config(lab, run_dir)
     cni_dir = run_dir / "cni"
-    cni_dir.mkdir()
-    (cni_dir / "slow-ipam").write_text(SLOW_IPAM)
-    (cni_dir / "slow-ipam").chmod(0o755)
+    install_slow_ipam(cni_dir, 1.5, "10.87.0.5/24")
     agent = start_agent(node, "--workers", "2", "--adds-at-once", "1")
     agents.append(agent)
     assert agent.status()["addsAtOnce"] == 1

@@ -40,7 +40,7 @@ from tenantnet.lab.nic import LabVfControl
 from tenantnet.plugin import nodepath
 from tenantnet.plugin.drivers.ovs import host_ifname
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, Netns, PluginRunner, new_cid
-from tests.integration.test_agent import AgentProcess, call, shim_env
+from tests.integration.test_agent import AgentProcess, call, install_slow_ipam, shim_env
 from tests.integration.test_ovs_offload import conf_for, nic, vf_snapshot
 from tests.integration.test_sriov import snapshot, vfconf, vfs
 
@@ -1536,22 +1536,10 @@ def test_agent_survives_64_hostile_requests_at_once(lab, netns_factory, run_dir,
             scrub(lab, cid, ifname)
 
 
-SLOW_IPAM = """#!/bin/sh
-cat >/dev/null
-if [ "$CNI_COMMAND" = ADD ]; then
-  sleep 6
-  echo '{"cniVersion": "1.0.0", "ips": [{"address": "10.86.0.5/24"}]}'
-fi
-exit 0
-"""
-
-
 def test_agent_status_fails_while_a_worker_is_wedged(lab, netns_factory, run_dir, agents):
     node = write_node(run_dir / "node.yaml", lab, agentSocket=f"{run_dir}/sock/agent.sock")
     cni_dir = run_dir / "cni"
-    cni_dir.mkdir()
-    (cni_dir / "slow-ipam").write_text(SLOW_IPAM)
-    (cni_dir / "slow-ipam").chmod(0o755)
+    install_slow_ipam(cni_dir, 6, "10.86.0.5/24")
     agents.append(agent := start_agent(node, "--workers", "1"))
     ns = netns_factory()
     cid = new_cid()
