@@ -43,23 +43,28 @@ def test_sigkill_at_named_point(lab, plugin, netns_factory, no_leftovers, point,
 
 def test_sigkill_at_random_instants(lab, plugin, netns_factory, no_leftovers):
     """A second net behind the named crash points: kills at random instants of a real ADD.
-    Each trial records whether the kill landed before the ADD completed (the process still
-    running, nothing printed); most must, or the test proves nothing."""
+    A trial counts only if its kill landed before the ADD completed (the process still
+    running, nothing printed). Trials go on until `wanted` have landed (at most `most`
+    trials): how many land depends on this machine's timing, not on the plugin — an ADD can
+    finish sooner than the ones measured, or the sleep overshoot under load — so a fixed
+    number of trials made the test flaky. Every trial, landed or not, must leave nothing."""
     rng = random.Random(1234)
     conf = plugin.conf()
-    # How long an un-faulted ADD takes here, so the kills are drawn from inside it.
+    # How long an un-faulted ADD takes here, so the kills are drawn from inside it: the first
+    # is slower (cold caches), the fastest of the rest bounds the draw.
     durations = []
-    for _ in range(2):  # the first is slower (cold caches): keep the faster
+    for _ in range(3):
         ns = netns_factory()
         cid = new_cid()
         started = time.monotonic()
         assert plugin.add(conf, ns, cid).code == 0
         durations.append(time.monotonic() - started)
         assert plugin.call("DEL", conf, cid, ns.path).code == 0
-    duration = min(durations)
-    landed = 0
-    trials = 8
-    for _ in range(trials):
+    duration = min(durations[1:])
+    wanted, most = 6, 20
+    landed = trials = 0
+    while landed < wanted and trials < most:
+        trials += 1
         ns = netns_factory()
         cid = new_cid()
         env = plugin.env("ADD", cid, ns.path, "net1")
@@ -83,4 +88,4 @@ def test_sigkill_at_random_instants(lab, plugin, netns_factory, no_leftovers):
         assert all_state_files(lab) == []
         assert ns.run("ip", "link", "show", "net1").returncode != 0
     print(f"random-instant kills: {landed} of {trials} landed before the ADD completed")
-    assert landed >= trials * 3 // 4, f"only {landed} of {trials} kills landed mid-ADD"
+    assert landed >= wanted, f"only {landed} of {trials} kills landed mid-ADD"
