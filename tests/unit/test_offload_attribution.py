@@ -433,6 +433,19 @@ def test_read_tail_bound(tmp_path):
 
 # ---- the agent's counter -------------------------------------------------------------------
 
+def rebuilt(collector, node, scrape):
+    """What `scrape()` shows after exactly one rebuild that began after this call (a scrape
+    starts the rebuild that is due on a thread of its own, and serves the last report). With
+    the interval at 0 every scrape starts one, so the scrape that reads is made with the
+    interval out of reach: no rebuild still running while the test writes the log."""
+    assert collector.settle()
+    node.metrics_offload_interval = 0.0
+    scrape()
+    assert collector.settle()
+    node.metrics_offload_interval = 1e9
+    return scrape()
+
+
 def test_the_agents_failure_counter_counts_each_logged_refusal_once(tmp_path):
     """NodeOffloadCollector reads only the log's new lines at each rebuild (from the log's end
     when the agent starts), so `tenantnet_offload_failures_total` grows by the refusals logged
@@ -452,10 +465,9 @@ def test_the_agents_failure_counter_counts_each_logged_refusal_once(tmp_path):
     registry.register(collector)
 
     def totals() -> dict[tuple[str, str], float]:
-        generate_latest(registry)  # a scrape: starts the rebuild that is due, on its own thread
-        assert collector.settle()
+        body = rebuilt(collector, node, lambda: generate_latest(registry))
         out: dict[tuple[str, str], float] = {}
-        for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for family in text_string_to_metric_families(body.decode()):
             for s in family.samples:
                 if s.name == "tenantnet_offload_failures_total":
                     out[(s.labels["pod"], s.labels["reason"])] = s.value
@@ -471,3 +483,40 @@ def test_the_agents_failure_counter_counts_each_logged_refusal_once(tmp_path):
     with log.open("a") as fh:
         fh.write(fixture("vswitchd-tc-refusals.log"))
     assert {k: v / 2 for k, v in totals().items()} == first
+
+
+def test_the_agents_failure_counter_drops_the_series_of_pods_that_are_gone(tmp_path):
+    """A pod's series last while one of its attachments is in the node's report; then they go
+    (pods come and go by the thousand). The node's own series stay, and a filtered report,
+    which cannot tell a pod is gone, drops nothing."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from tenantnet.ops.flowreport.collector import NodeOffloadCollector, prune_failures
+
+    log = tmp_path / "ovs-vswitchd.log"
+    log.write_text("")
+    node = SimpleNamespace(vswitchd_log=str(log), metrics_offload_interval=0.0)
+    views = {"now": tc_views()}
+
+    def build(_node, _lines):
+        return replace(tc_report(views=views["now"]), complete=True)
+
+    collector = NodeOffloadCollector(lambda: node, build)
+
+    def pods() -> set[str]:
+        families = {f.name: f for f in rebuilt(collector, node, collector.collect)}
+        return {s.labels["pod"] for s in families["tenantnet_offload_failures"].samples}
+
+    assert pods() == set()
+    with log.open("a") as fh:
+        fh.write(fixture("vswitchd-tc-refusals.log"))
+    assert pods() == {"train-0", "infer-0", "train-1", ""}
+    views["now"] = [v for v in tc_views() if v.pod != "infer-0"]  # its pod was deleted
+    assert pods() == {"train-0", "train-1", ""}
+    views["now"] = []
+    assert pods() == {""}
+
+    counts = {("team-a", "train-0", "rail-1", ol.MATCH): 2.0}
+    prune_failures(tc_report(views=[]), counts)  # not complete: a selection, not the node
+    assert counts == {("team-a", "train-0", "rail-1", ol.MATCH): 2.0}

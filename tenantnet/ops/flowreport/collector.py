@@ -9,8 +9,11 @@ Reading OVS never happens on a CNI call's path, and no CNI call waits for it.
 
 `tenantnet_offload_failures_total` counts the offload refusals ovs-vswitchd logs, per pod
 and reason (attribution.py): the agent reads the log's new lines at each rebuild (a cursor
-that starts at the log's end when the agent starts, and reads at most 1 MiB a time), so the
-counter only grows; a one-shot report counts the refusals in the lines it was given.
+that starts at the log's end when the agent starts, and reads at most 1 MiB a time), so a
+pod's counter only grows while the pod is attached; the series of a pod whose attachments
+are gone are dropped at the next rebuild (Prometheus reads a series that ends as stale, and
+pods come and go by the thousand: kept, they would grow the scrape without bound). A
+one-shot report counts the refusals in the lines it was given.
 """
 
 from __future__ import annotations
@@ -61,6 +64,17 @@ def count_failures(report: Report, lines: Iterable[str], into: FailureCounts) ->
         if failure.source == "log":
             key = tuple(attribution.count_key(failure)[k] for k in FAILURE_LABELS)
             into[key] = into.get(key, 0) + failure.count
+
+
+def prune_failures(report: Report, counts: FailureCounts) -> None:
+    """Drop the series of pods none of whose attachments are in `report` any more. Only a
+    report of all the node's attachments can tell that (a filtered one cannot); the node's
+    own series ("" pod) stay."""
+    if not report.complete:
+        return
+    live = {(a.namespace, a.pod, a.network) for a in report.attachments}
+    for key in [k for k in counts if k[1] and (k[0], k[1], k[2]) not in live]:
+        del counts[key]
 
 
 def failures_metric(counts: FailureCounts) -> Metric:
@@ -229,6 +243,7 @@ class NodeOffloadCollector(Collector):
         lines = self._new_log_lines(node)
         report = self._build(node, lines)
         count_failures(report, lines, self._failures)
+        prune_failures(report, self._failures)
         families = [*report_metrics(report), failures_metric(self._failures)]
         self._text = _render(families)
         self._families, self._built = families, time.monotonic()
