@@ -18,6 +18,7 @@ SIGKILLed at any instant and a new one simply carries on (docs/agent.md).
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import itertools
 import json
 import logging
@@ -165,6 +166,7 @@ class Agent:
         self._collectors = tuple(collectors)
         self.metrics: Any = None  # entry/metrics.AgentMetrics while /metrics is served
         self.metrics_address: tuple[str, int] | None = None
+        self.metrics_token = False  # scrapes must present metricsTokenFile's token
 
     # ---- start / stop ---------------------------------------------------------------------
     def start(self, log_file: str, log_level: str) -> None:
@@ -239,14 +241,23 @@ class Agent:
         metrics = AgentMetrics(lambda: self.status(asking=False), current,
                                [make(current, self.busy) for make in self._collectors])
         try:
-            self.metrics_address = metrics.serve(node.metrics_address, node.metrics_port)
+            self.metrics_address = metrics.serve(node.metrics_address, node.metrics_port,
+                                                 node.metrics_token_file)
         except OSError as exc:
             # The CNI calls matter more than their figures: serve them, say why there are none.
             self.log.error("agent.metrics_unavailable", address=node.metrics_address,
                            port=node.metrics_port, error=exc.strerror or str(exc))
             return
         self.metrics = metrics
-        self.log.info("agent.metrics", address=self.metrics_address[0], port=self.metrics_address[1])
+        self.metrics_token = bool(node.metrics_token_file)
+        self.log.info("agent.metrics", address=self.metrics_address[0], port=self.metrics_address[1],
+                      token=self.metrics_token)
+        if not self.metrics_token and not ipaddress.ip_address(node.metrics_address).is_loopback:
+            # Served, as the admin asked; but the series name every tenant's pods.
+            self.log.warning("agent.metrics_without_token", address=node.metrics_address,
+                             port=node.metrics_port,
+                             hint="anyone who reaches this address reads the pod names of every tenant "
+                                  "on the node: set metricsTokenFile, or firewall the port")
 
     def busy(self) -> bool:
         """CNI calls in flight, or one ended less than QUIET_AFTER seconds ago: work that can
@@ -535,7 +546,8 @@ class Agent:
                     "served": s.served, "rejected": s.rejected,
                     "expired": s.expired, "protocolErrors": s.protocol_errors,
                     "rssKb": rss, "peakRssKb": peak,
-                    "metrics": "{}:{}".format(*self.metrics_address) if self.metrics_address else None}
+                    "metrics": "{}:{}".format(*self.metrics_address) if self.metrics_address else None,
+                    "metricsToken": self.metrics_token}
 
 
 def _error_code(text: str) -> int | None:

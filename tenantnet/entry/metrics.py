@@ -12,6 +12,11 @@ What is measured where:
   agent run` adds the offload report's, tenantnet/ops/flowreport/collector.py, which
   keeps the datapath reads off the scrape's critical path on its own).
 
+The metrics name pods, namespaces and tenants, so who may read them matters in a
+multi-tenant cluster: with `metricsTokenFile` a scrape must present that file's token as
+`Authorization: Bearer <token>` (Prometheus' `authorization.credentials_file`), else 401;
+without one the endpoint is open to whoever reaches the address (127.0.0.1 by default).
+
 Label values that come from tenants (network names, pod namespaces) are the validated
 names of records that exist; the CNI command label is one of a fixed set, so a hostile
 `CNI_COMMAND` cannot grow the series without bound.
@@ -40,6 +45,9 @@ BODY_REUSE = 0.5
 CLIENT_TIMEOUT = 10.0
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+MAX_TOKEN_BYTES = 4096
 
 
 def command_label(command: str) -> str:
@@ -107,19 +115,30 @@ class AgentMetrics:
 
         return generate_latest(self.registry) + b"".join(text() for text in self._texts)
 
-    def serve(self, address: str, port: int) -> tuple[str, int]:
+    def serve(self, address: str, port: int, token_file: str = "") -> tuple[str, int]:
         """Start serving GET /metrics on a daemon thread (a thread per scrape); (host, port)
-        actually bound (port 0: any free)."""
+        actually bound (port 0: any free). `token_file`: scrapes must present its token."""
         import socket
         from socketserver import ThreadingMixIn
         from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
         from prometheus_client import CONTENT_TYPE_LATEST
 
+        token = BearerToken(token_file) if token_file else None
+
         def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
             if environ.get("PATH_INFO", "/") not in ("/metrics", "/"):
                 start_response("404 Not Found", [("Content-Type", "text/plain")])
                 return [b"not found: see /metrics\n"]
+            if token is not None:
+                refusal = token.refusal(environ.get("HTTP_AUTHORIZATION"))
+                if refusal is not None:
+                    status, why = refusal
+                    headers = [("Content-Type", "text/plain")]
+                    if status.startswith("401"):
+                        headers.append(("WWW-Authenticate", 'Bearer realm="tenantnet-metrics"'))
+                    start_response(status, headers)
+                    return [why.encode() + b"\n"]
             if not self._slots.acquire(blocking=False):
                 start_response("503 Service Unavailable",
                                [("Content-Type", "text/plain"), ("Retry-After", "1")])
@@ -156,6 +175,76 @@ class AgentMetrics:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
+
+
+class BearerToken:
+    """The token a scrape must present, read from the node's `metricsTokenFile`.
+
+    The file is read again whenever it changes (a rotated Kubernetes Secret), so a new token
+    applies without restarting the agent. The path is the node admin's, not a tenant's, and
+    is followed through symbolic links: kubelet projects a Secret's keys as links into a
+    timestamped directory. It is still opened without blocking and read only if it is a
+    regular file of at most MAX_TOKEN_BYTES. Fails closed: a missing, unreadable or empty
+    file refuses every scrape (503) rather than serving the metrics to anyone."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._seen: tuple[int, int, int, int] | None = None
+        self._token: bytes | None = None
+        self._problem = "not read yet"
+
+    def _current(self) -> bytes | None:
+        import stat
+
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            self._seen, self._token, self._problem = None, None, exc.strerror or str(exc)
+            return None
+        sig = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._lock:
+            if sig == self._seen:
+                return self._token
+            token, problem = None, ""
+            try:
+                fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+            except OSError as exc:
+                problem = exc.strerror or str(exc)
+            else:
+                try:
+                    opened = os.fstat(fd)
+                    if not stat.S_ISREG(opened.st_mode):
+                        problem = "not a regular file"
+                    else:
+                        data = os.read(fd, MAX_TOKEN_BYTES + 1)
+                        token = data.strip()
+                        if len(data) > MAX_TOKEN_BYTES:
+                            token, problem = None, f"larger than {MAX_TOKEN_BYTES} bytes"
+                        elif not token:
+                            token, problem = None, "empty"
+                except OSError as exc:
+                    token, problem = None, exc.strerror or str(exc)
+                finally:
+                    os.close(fd)
+            self._seen, self._token, self._problem = sig, token, problem
+            return token
+
+    def refusal(self, header: str | None) -> tuple[str, str] | None:
+        """None if `header` (the request's Authorization) carries the token; else the HTTP
+        status and the reason, which names no part of the token."""
+        import hmac
+
+        token = self._current()
+        if token is None:
+            return ("503 Service Unavailable",
+                    f"metricsTokenFile {self.path}: {self._problem}; no scrape is served without a token")
+        scheme, _, given = (header or "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            return "401 Unauthorized", "a bearer token is required (Authorization: Bearer <token>)"
+        if not hmac.compare_digest(given.strip().encode("latin-1", "replace"), token):
+            return "401 Unauthorized", "the bearer token is not this node's metrics token"
+        return None
 
 
 class _CostCollector(Collector):

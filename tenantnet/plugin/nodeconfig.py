@@ -87,9 +87,12 @@ class NodeConfig:
     etcd_key_file: str | None = None
     etcd_prefix: str = "/tenantnet/"
     etcd_timeout: float = 5.0
-    # The agent's /metrics endpoint (docs/metrics.md): 0 = not served.
+    # The agent's /metrics endpoint (docs/metrics.md): 0 = not served. Its series name pods
+    # and tenants, so it stays on the node unless the admin opens it, and then preferably
+    # behind a bearer token (metricsTokenFile: "" = no token asked for).
     metrics_port: int = 0
-    metrics_address: str = "0.0.0.0"
+    metrics_address: str = "127.0.0.1"
+    metrics_token_file: str = ""
     # How old the offload gauges of a scrape may be (each refresh reads ovs-vswitchd).
     metrics_offload_interval: float = 15.0
     # Where ovs-vswitchd logs: its tc/flower refusals are blamed on pods (docs/offload.md).
@@ -164,7 +167,10 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "etcdPrefix": ("etcd_prefix", str, "a key prefix starting and ending with / (default /tenantnet/)"),
     "etcdTimeout": ("etcd_timeout", float, "a number of seconds between 0.1 and 30"),
     "metricsPort": ("metrics_port", int, "a TCP port for the agent's /metrics (1-65535), or 0 for none"),
-    "metricsAddress": ("metrics_address", str, "an IP address to serve /metrics on (default 0.0.0.0)"),
+    "metricsAddress": ("metrics_address", str, "an IP address to serve /metrics on (default 127.0.0.1; "
+                                               "0.0.0.0 or :: for all)"),
+    "metricsTokenFile": ("metrics_token_file", str, "an absolute path of a file holding the bearer token "
+                                                    "a scrape of /metrics must present"),
     "metricsOffloadInterval": ("metrics_offload_interval", float, "a number of seconds between 1 and 3600"),
     "vswitchdLog": ("vswitchd_log", str, "an absolute path of ovs-vswitchd's log file"),
     "prewarm": ("prewarm", bool, "true or false (the default of networks that do not say)"),
@@ -184,7 +190,7 @@ _PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
 
 _PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir",
               "ipamDataDir", "podResourcesSocket", "nvidiaProcRoot",
-              "etcdCaFile", "etcdCertFile", "etcdKeyFile", "vswitchdLog")
+              "etcdCaFile", "etcdCertFile", "etcdKeyFile", "vswitchdLog", "metricsTokenFile")
 _ETCD_URL = r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?"
 _NODE_NAME = r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?"
 

@@ -675,8 +675,26 @@ def test_configmap_is_a_valid_node_config(tmp_path: Path) -> None:
     assert set(yaml.safe_load(path.read_text())) == {"ovsdb", "stateDir", "logFile", "logLevel",
                                                      "ovsdbTimeout", "ovsWait", "sysfsRoot", "vfControl",
                                                      "agentSocket", "metricsPort", "metricsAddress",
-                                                     "metricsOffloadInterval", "vswitchdLog"}
+                                                     "metricsOffloadInterval", "vswitchdLog",
+                                                     "metricsTokenFile"}
     assert node.metrics_port == 9477
+
+
+def test_the_packaged_metrics_endpoint_asks_for_the_token_of_a_secret_the_agent_mounts() -> None:
+    """Served on the node's every address, so with a token (its series name every tenant's
+    pods): the node config's metricsTokenFile lies in the agent's read-only mount of the
+    optional Secret tenantnet-metrics-token."""
+    cm = yaml.safe_load((PACKAGING / "configmap.yaml").read_text())
+    node = yaml.safe_load(cm["data"]["tenantnet.yaml"])
+    assert node["metricsAddress"] == "0.0.0.0" and node["metricsTokenFile"]
+    spec = _daemonset()["spec"]["template"]["spec"]
+    agent = next(c for c in spec["containers"] if c["name"] == "agent")
+    mount = next(m for m in agent["volumeMounts"]
+                 if Path(node["metricsTokenFile"]).parent == Path(m["mountPath"]))
+    assert mount["readOnly"] is True
+    volume = next(v for v in spec["volumes"] if v["name"] == mount["name"])
+    assert volume["secret"]["secretName"] == "tenantnet-metrics-token"
+    assert volume["secret"]["optional"] is True  # CNI calls do not wait for it; /metrics answers 503
 
 
 def test_daemonset_exposes_the_metrics_port_of_the_node_config(tmp_path: Path) -> None:

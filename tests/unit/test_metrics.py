@@ -4,6 +4,7 @@ call, records are parsed once per version, labels, IPAM pools, the command label
 from __future__ import annotations
 
 import ipaddress
+import os
 import threading
 import time
 import urllib.request
@@ -312,3 +313,121 @@ def test_a_flood_of_scrapes_is_bounded(tmp_path, monkeypatch):
         assert status() == 200 and builds[0] == before  # within BODY_REUSE of the last build: reused
     finally:
         m.stop()
+
+
+# ---- who may scrape --------------------------------------------------------------------------
+
+def scrape(url: str, token: str | None = None) -> tuple[int, dict[str, str], bytes]:
+    import urllib.error
+
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as resp:
+            return int(resp.status), dict(resp.headers), resp.read()
+    except urllib.error.HTTPError as err:
+        return int(err.code), dict(err.headers), err.read()
+
+
+def test_a_token_file_makes_every_scrape_present_its_token_and_a_rotated_one_applies_at_once(tmp_path):
+    node = node_at(tmp_path)
+    # A Secret as kubelet projects it: token -> ..data/token, ..data -> ..v1 (a directory)
+    secret = tmp_path / "secret"
+    (secret / "..v1").mkdir(parents=True)
+    (secret / "..v1" / "token").write_text("s3cret-one\n")  # a Secret's value may end with a newline
+    (secret / "..data").symlink_to("..v1")
+    token = secret / "token"
+    token.symlink_to("..data/token")
+    m = AgentMetrics(lambda: STATUS, lambda: node)
+    host, port = m.serve("127.0.0.1", 0, str(token))
+    url = f"http://{host}:{port}/metrics"
+    try:
+        code, headers, body = scrape(url)
+        assert code == 401 and headers["WWW-Authenticate"].startswith("Bearer")
+        assert b"bearer token is required" in body and b"s3cret" not in body
+        code, _, body = scrape(url, "s3cret-on")  # a prefix is not the token
+        assert code == 401 and b"not this node's metrics token" in body and b"s3cret" not in body
+        code, _, body = scrape(url, "s3cret-one")
+        assert code == 200 and b"tenantnet_agent_inflight" in body
+        # kubelet rotates a Secret by swapping ..data to a new directory: the new file applies
+        (secret / "..v2").mkdir()
+        (secret / "..v2" / "token").write_text("s3cret-two")
+        (secret / "..data_tmp").symlink_to("..v2")
+        (secret / "..data_tmp").rename(secret / "..data")
+        assert scrape(url, "s3cret-one")[0] == 401
+        assert scrape(url, "s3cret-two")[0] == 200
+        status_404 = scrape(f"http://{host}:{port}/other")[0]
+        assert status_404 == 404  # no token needed to learn a path does not exist; nothing is served
+    finally:
+        m.stop()
+
+
+@pytest.mark.parametrize("make", ["missing", "empty", "fifo", "directory", "too-large"])
+def test_a_token_file_that_cannot_give_a_token_refuses_every_scrape_without_blocking(tmp_path, make):
+    """Fails closed: no token, no metrics (503, naming the file and why), and a FIFO named
+    as the file is not opened for a blocking read."""
+    node = node_at(tmp_path)
+    token = tmp_path / "token"
+    if make == "empty":
+        token.write_text("\n")
+    elif make == "fifo":
+        os.mkfifo(token)
+    elif make == "directory":
+        token.mkdir()
+    elif make == "too-large":
+        token.write_text("x" * (metrics.MAX_TOKEN_BYTES + 1))
+    m = AgentMetrics(lambda: STATUS, lambda: node)
+    host, port = m.serve("127.0.0.1", 0, str(token))
+    try:
+        started = time.monotonic()
+        code, _, body = scrape(f"http://{host}:{port}/metrics", "anything")
+        assert code == 503 and str(token).encode() in body and b"without a token" in body, body
+        assert b"tenantnet_agent" not in body
+        assert time.monotonic() - started < 5
+    finally:
+        m.stop()
+
+
+def test_without_a_token_file_the_endpoint_is_open_and_the_default_address_is_loopback(tmp_path):
+    node = node_at(tmp_path)
+    assert node.metrics_address == "127.0.0.1" and node.metrics_token_file == ""
+    m = AgentMetrics(lambda: STATUS, lambda: node)
+    host, port = m.serve(node.metrics_address, 0)
+    try:
+        assert scrape(f"http://{host}:{port}/metrics")[0] == 200
+    finally:
+        m.stop()
+    with pytest.raises(Exception, match="metricsTokenFile"):
+        node_at(tmp_path, "metricsTokenFile: relative/token\n")
+
+
+@pytest.mark.parametrize("address,token,warned", [("0.0.0.0", "", True), ("::", "", True),
+                                                  ("10.1.2.3", "", True), ("0.0.0.0", "/t/token", False),
+                                                  ("127.0.0.1", "", False), ("::1", "", False)])
+def test_the_agent_warns_when_it_serves_the_metrics_beyond_the_node_without_a_token(
+        tmp_path, monkeypatch, address, token, warned):
+    """What is bound is the admin's choice; the warning says what it exposes. (The serve is
+    stubbed: a test does not open a port on the node's addresses.)"""
+    from tenantnet.entry import agent as agentmod
+
+    served: list[tuple[str, int, str]] = []
+    monkeypatch.setattr(AgentMetrics, "serve",
+                        lambda self, a, p, t="": served.append((a, p, t)) or (a, p))
+    node = node_at(tmp_path, f"metricsPort: 9477\nmetricsAddress: '{address}'\n"
+                   + (f"metricsTokenFile: {token}\n" if token else ""))
+    agent = agentmod.Agent(str(tmp_path / "agent.sock"), str(tmp_path / "node.yaml"))
+    events: list[tuple[str, str, dict[str, Any]]] = []
+
+    class Log:
+        def __getattr__(self, level: str) -> Any:
+            return lambda event, **kw: events.append((level, event, kw))
+
+    agent.log = Log()
+    agent._serve_metrics(node)
+    assert served == [(node.metrics_address, 9477, token)]
+    assert agent.status(asking=False)["metricsToken"] is bool(token)
+    warnings = [e for e in events if e[0] == "warning"]
+    if warned:
+        assert [w[1] for w in warnings] == ["agent.metrics_without_token"]
+        assert "metricsTokenFile" in warnings[0][2]["hint"]
+    else:
+        assert warnings == []
