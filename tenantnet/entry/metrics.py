@@ -177,6 +177,28 @@ class AgentMetrics:
             self._server = None
 
 
+def read_token(path: str) -> tuple[bytes | None, str]:
+    """(the token in `path`, "") or (None, why not): opened without blocking, read only if a
+    regular file of at most MAX_TOKEN_BYTES; surrounding whitespace is not part of it."""
+    import stat
+
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None, "not a regular file"
+        data = os.read(fd, MAX_TOKEN_BYTES + 1)
+    except OSError as exc:
+        return None, exc.strerror or str(exc)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_TOKEN_BYTES:
+        return None, f"larger than {MAX_TOKEN_BYTES} bytes"
+    return (data.strip(), "") if data.strip() else (None, "empty")
+
+
 class BearerToken:
     """The token a scrape must present, read from the node's `metricsTokenFile`.
 
@@ -195,8 +217,6 @@ class BearerToken:
         self._problem = "not read yet"
 
     def _current(self) -> bytes | None:
-        import stat
-
         try:
             st = os.stat(self.path)
         except OSError as exc:
@@ -204,31 +224,10 @@ class BearerToken:
             return None
         sig = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
         with self._lock:
-            if sig == self._seen:
-                return self._token
-            token, problem = None, ""
-            try:
-                fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-            except OSError as exc:
-                problem = exc.strerror or str(exc)
-            else:
-                try:
-                    opened = os.fstat(fd)
-                    if not stat.S_ISREG(opened.st_mode):
-                        problem = "not a regular file"
-                    else:
-                        data = os.read(fd, MAX_TOKEN_BYTES + 1)
-                        token = data.strip()
-                        if len(data) > MAX_TOKEN_BYTES:
-                            token, problem = None, f"larger than {MAX_TOKEN_BYTES} bytes"
-                        elif not token:
-                            token, problem = None, "empty"
-                except OSError as exc:
-                    token, problem = None, exc.strerror or str(exc)
-                finally:
-                    os.close(fd)
-            self._seen, self._token, self._problem = sig, token, problem
-            return token
+            if sig != self._seen:
+                self._token, self._problem = read_token(self.path)
+                self._seen = sig
+            return self._token
 
     def refusal(self, header: str | None) -> tuple[str, str] | None:
         """None if `header` (the request's Authorization) carries the token; else the HTTP

@@ -363,3 +363,29 @@ def test_endpoint_counts_calls_errors_attachments_and_pools(lab, run_dir, agents
     assert lab.owned_ports() == [] and lab.records() == []
     with sqlite3.connect(ipam_dir / "ipam.db") as db:
         assert db.execute("SELECT count(*) FROM allocation").fetchone()[0] == 0
+
+
+def test_with_a_token_file_scrapes_and_tenantnetctl_present_the_token(lab, run_dir, agents):
+    """The real agent with metricsTokenFile: a scrape without the token gets 401, with it the
+    families; `agent status` says a token is asked for; `tenantnetctl offload --prometheus`
+    reads the agent's families with the token rather than falling back to reading OVS."""
+    port = free_port()
+    token = run_dir / "metrics-token"
+    token.write_text(uuid.uuid4().hex + "\n")
+    token.chmod(0o400)
+    node = metrics_node_config(lab, run_dir, port, f"metricsTokenFile: {token}\n")
+    agents.append(start_ctl_agent(node))
+    url = f"http://127.0.0.1:{port}/metrics"
+    status, text = get(url)
+    assert status == 401 and "bearer token is required" in text
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {token.read_text().strip()}"})
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        assert resp.status == 200 and "tenantnet_agent_inflight" in resp.read().decode()
+    report = json.loads(subprocess.run([CTL, "--node-config", str(node), "agent", "status", "--json"],
+                                       capture_output=True, check=True).stdout)
+    assert report["metricsToken"] is True
+    out = subprocess.run([CTL, "--node-config", str(node), "offload", "--prometheus"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "did not answer" not in out.stderr and "cannot be asked" not in out.stderr, out.stderr
+    assert "tenantnet_offload_up" in out.stdout

@@ -441,3 +441,30 @@ def test_lab_short_form_resolves_to_the_same_ports_as_m():
     assert key(short.flows) == key(long_.flows)
     assert all(f.in_port.startswith("tn") for f in long_.flows)
     assert "br-lab" in long_.flows[0].outputs and long_.flows[0].extra["dp-extra-info"].startswith("miniflow_bits")
+
+
+def test_metrics_server_with_a_token_file_serves_only_scrapes_that_present_it(tmp_path):
+    """`offload --listen` serves the same tenant-naming families as the agent, so it asks for
+    the node config's metricsTokenFile token the same way."""
+    rep = tc_report({"hw-offload": "true"})
+    token = tmp_path / "token"
+    token.write_text("tok-123\n")
+    server = MetricsServer("127.0.0.1", 0, lambda: render.render_prometheus(rep), str(token)).start()
+    try:
+        host, port = server.address
+        url = f"http://{host}:{port}/metrics"
+        for headers in ({}, {"Authorization": "Bearer tok-12"}, {"Authorization": "Basic tok-123"}):
+            with pytest.raises(urllib.error.HTTPError) as err:
+                urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=5)
+            assert err.value.code == 401 and err.value.headers["WWW-Authenticate"].startswith("Bearer")
+            assert b"tok-123" not in err.value.read()
+        with urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": "Bearer tok-123"}),
+                                    timeout=5) as resp:
+            assert parse_exposition(resp.read().decode())["tenantnet_offload_up"] == [({}, 1.0)]
+        token.unlink()  # fails closed
+        with pytest.raises(urllib.error.HTTPError) as err:
+            urllib.request.urlopen(urllib.request.Request(url, headers={"Authorization": "Bearer tok-123"}),
+                                   timeout=5)
+        assert err.value.code == 503
+    finally:
+        server.stop()

@@ -49,7 +49,8 @@ def register(subparsers: Any, node_config_path: Callable[[argparse.Namespace], s
                      help="Prometheus text format: the offload families of the agent's /metrics when the "
                           "node config sets metricsPort (else read from OVS here)")
     out.add_argument("--listen", metavar="ADDR:PORT",
-                     help="serve /metrics over HTTP until interrupted (port 0: any free port)")
+                     help="serve /metrics over HTTP until interrupted (port 0: any free port); with the "
+                          "node config's metricsTokenFile, scrapes must present its bearer token")
     p.add_argument("--appctl-target", metavar="PATH",
                    help="ovs-vswitchd's control socket (default: found next to the node config's OVSDB "
                         "socket, else ovs-appctl's default)")
@@ -103,7 +104,7 @@ def cmd_offload(args: argparse.Namespace) -> int:
         return build_report(node, snap, views)
 
     if args.listen:
-        return _listen(args.listen, lambda: render.render_prometheus(build()))
+        return _listen(args.listen, lambda: render.render_prometheus(build()), node.metrics_token_file)
     if args.prometheus and node.metrics_port:
         served = _from_agent(node, filters)
         if served is not None:
@@ -137,8 +138,18 @@ def _from_agent(node: Any, filters: Any) -> str | None:
     host = node.metrics_address
     host = "127.0.0.1" if host == "0.0.0.0" else "::1" if host == "::" else host
     url = f"http://{f'[{host}]' if ':' in host else host}:{node.metrics_port}/metrics"
+    request = urllib.request.Request(url)
+    if node.metrics_token_file:
+        from tenantnet.entry.metrics import read_token
+
+        token, problem = read_token(node.metrics_token_file)
+        if token is None:
+            print(f"warning: metricsTokenFile {node.metrics_token_file}: {problem}, so the agent's {url} "
+                  "cannot be asked; reading OVS directly", file=sys.stderr)
+            return None
+        request.add_header("Authorization", "Bearer " + token.decode("latin-1"))
     try:
-        with urllib.request.urlopen(url, timeout=10) as resp:
+        with urllib.request.urlopen(request, timeout=10) as resp:
             text = resp.read(64 << 20).decode()
     except (OSError, ValueError) as exc:
         print(f"warning: the agent's {url} did not answer ({exc}); reading OVS directly", file=sys.stderr)
@@ -166,12 +177,13 @@ def _from_agent(node: Any, filters: Any) -> str | None:
     return generate_latest(registry).decode()
 
 
-def _listen(value: str, produce: Any) -> int:
+def _listen(value: str, produce: Any, token_file: str) -> int:
+    """`token_file`: the node config's metricsTokenFile; scrapes present its token, as the agent's do."""
     from tenantnet.ops.flowreport.server import MetricsServer, parse_listen
 
     try:
         host, port = parse_listen(value)
-        server = MetricsServer(host, port, produce)
+        server = MetricsServer(host, port, produce, token_file)
     except (ValueError, OSError) as exc:
         print(f"tenantnetctl offload: {exc}", file=sys.stderr)
         return 2

@@ -15,16 +15,39 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from tenantnet.ops.flowreport.render import CONTENT_TYPE
 
+CLIENT_TIMEOUT = 10.0  # a client that connects and sends nothing is dropped
+
 
 class MetricsServer:
-    def __init__(self, host: str, port: int, produce: Callable[[], str]) -> None:
+    def __init__(self, host: str, port: int, produce: Callable[[], str], token_file: str = "") -> None:
+        """`token_file`: scrapes must present its bearer token (the node config's
+        metricsTokenFile: the families name every tenant's pods), as the agent's do."""
+        from tenantnet.entry.metrics import BearerToken
+
         self._produce = produce
         self._lock = threading.Lock()
+        token = BearerToken(token_file) if token_file else None
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = CLIENT_TIMEOUT
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 path = self.path.split("?", 1)[0]
+                refusal = None
+                if token is not None and path == "/metrics":
+                    refusal = token.refusal(self.headers.get("Authorization"))
+                if refusal is not None:
+                    status, why = refusal
+                    body = why.encode() + b"\n"
+                    self.send_response(int(status.split()[0]))
+                    if status.startswith("401"):
+                        self.send_header("WWW-Authenticate", 'Bearer realm="tenantnet-metrics"')
+                    self.send_header("Content-Type", "text/plain")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 if path == "/metrics":
                     try:
                         with outer._lock:
