@@ -34,6 +34,15 @@ FLOWS_REPLY = bytes.fromhex(
     "00000010000000050000000000000000005000000000000002ebae400000000000000000000000000000000000000000"
     "000000000000000000000000000000000001000400000000000400180000000000000010fffffffa0000000000000000")
 
+# The lab's ovs-vswitchd 3.1 answering `rules(cookie, -1)` for one rule written by
+# AddRule(Rule(0xabc0000000000009, 1, 6, A, B, 5, OFPVID_NONE)); ovs-ofctl shows it as
+#   priority=1,in_port=6,vlan_tci=0x0000/0x1fff,dl_src=A,dl_dst=B actions=output:5
+# (OXMs in the reply: IN_PORT, ETH_SRC, ETH_DST, VLAN_VID 0x0000 unmasked).
+UNTAGGED_REPLY = bytes.fromhex(
+    "051300800000000700010000000000000070000000000000006acfc0000100000000000200000000abc000000000000900"
+    "000000000000000000000000000000000100268000000400000006800008060200000000018000060602000000000280"
+    "000c0200000000000400180000000000000010000000050000000000000000")
+
 # The OFPT_ERROR the lab's switch sent for a bundle's AddRule that overlapped a foreign rule
 # (xid 9: the BUNDLE_ADD_MESSAGE's, its data the refused message), then the commit's (xid 11).
 OVERLAP_ERROR = bytes.fromhex(
@@ -63,6 +72,29 @@ def test_match_is_oxm_in_port_eth_dst_eth_src_padded_to_8() -> None:
     only_dst = of.encode_match(eth_dst=B)
     assert only_dst.hex() == "0001000e" "80000606" "020000000002" "0000"  # length 14, padded to 16
     assert of.encode_match().hex() == "00010004" "00000000"  # the empty match is 8 bytes too
+
+
+def test_match_with_no_vlan_tag_is_vlan_vid_0_unmasked() -> None:
+    m = of.encode_match(6, A, B, of.OFPVID_NONE)
+    assert m.hex() == ("00010026"                        # OFPMT_OXM, length 38 (32 + 6)
+                       "80000004" "00000006"
+                       "80000606" "020000000002"
+                       "80000806" "020000000001"
+                       "80000c02" "0000"                 # OXM_OF_VLAN_VID (field 6, no mask, 2 bytes) = OFPVID_NONE
+                       "0000")                           # padded to 40
+    # a tagged VLAN id is OFPVID_PRESENT | id (not used by pre-warm, but the encoder knows it)
+    assert of.encode_match(vlan_vid=of.OFPVID_PRESENT | 100).hex() == "0001000a" "80000c02" "1064" "000000000000"
+    add = of.encode_op(1, of.AddRule(of.Rule(1, 1, 6, A, B, 5, of.OFPVID_NONE)))
+    assert add[48:88] == m and _u16(add, 2) == len(add) == 48 + 40 + 24
+    strict = of.encode_op(2, of.DeleteStrict(1, 1, 6, A, B, of.OFPVID_NONE))
+    assert strict[48:] == m  # a strict delete names the whole match, VLAN_VID too
+    assert of.encode_op(3, of.DeleteStrict(1, 1, 6, A, B))[48:] == of.encode_match(6, A, B)
+
+
+def test_vlan_vid_values_are_checked() -> None:
+    for bad in (1, 100, 0x0FFF, 0x2000, -1):  # an id without OFPVID_PRESENT, out of 13 bits
+        with pytest.raises(of.OpenflowError, match=rf"vlan_vid {bad:#x} is neither OFPVID_NONE .*0x1000-0x1fff"):
+            of.encode_match(vlan_vid=bad)
 
 
 def test_flow_mod_add_layout() -> None:
@@ -145,6 +177,39 @@ def test_decode_recorded_flow_stats_reply() -> None:
         RULE,
         of.Rule(0, 0, 0, "", "", 0),                           # actions=NORMAL (OUTPUT to 0xfffffffa)
     ]
+
+
+def test_decode_recorded_untagged_only_rule() -> None:
+    assert struct.unpack_from("!BBH", UNTAGGED_REPLY) == (5, of.OFPT_MULTIPART_REPLY, len(UNTAGGED_REPLY))
+    assert of.decode_flow_stats(UNTAGGED_REPLY[16:]) == [
+        of.Rule(0xABC0000000000009, 1, 6, A, B, 5, vlan_vid=of.OFPVID_NONE)]
+    # and a rule of the shape written before the VLAN_VID match still reads as ours, without it
+    assert of.decode_flow_stats(FLOWS_REPLY[16:])[2] == RULE and RULE.vlan_vid is None
+
+
+def _stats_entry(cookie: int, priority: int, match: bytes, instructions: bytes) -> bytes:
+    """A flow stats entry as OVS lays it out, around `match` and `instructions`."""
+    length = 48 + len(match) + len(instructions)
+    return struct.pack("!HBxIIHHHHHxxQQQ", length, 0, 1, 2, priority, 0, 0, 0, 0, cookie, 3, 4) + match + instructions
+
+
+@pytest.mark.parametrize("vlan_vid", [None, of.OFPVID_NONE, of.OFPVID_PRESENT | 7])
+def test_what_the_encoder_writes_the_decoder_reads_back(vlan_vid: int | None) -> None:
+    rule = of.Rule(0x746E000100000002, 1, 9, A, B, 12, vlan_vid)
+    mod = of.encode_op(5, of.AddRule(rule))
+    match_len = (_u16(mod, 50) + 7) // 8 * 8
+    entry = _stats_entry(rule.cookie, rule.priority, mod[48:48 + match_len], mod[48 + match_len:])
+    assert of.decode_flow_stats(entry) == [rule]
+
+
+def test_masked_vlan_vid_is_not_our_shape() -> None:
+    # OFPVID_PRESENT/OFPVID_PRESENT ("any tag"): masked, so not a rule pre-warm wrote.
+    oxms = (struct.pack("!I", 0x80000004) + struct.pack("!I", 6) + struct.pack("!I", 0x80000606) + of.mac_bytes(B)
+            + struct.pack("!I", 0x80000806) + of.mac_bytes(A) + struct.pack("!IHH", 0x80000D04, 0x1000, 0x1000))
+    match = struct.pack("!HH", of.OFPMT_OXM, 4 + len(oxms)) + oxms
+    match += bytes(-len(match) % 8)
+    (rule,) = of.decode_flow_stats(_stats_entry(0x99, 1, match, of.apply_output(5)))
+    assert (rule.in_port, rule.eth_src, rule.eth_dst, rule.output, rule.vlan_vid) == (6, A, B, 0, None)
 
 
 def test_decode_refuses_malformed_entries() -> None:

@@ -79,6 +79,11 @@ OFPXMC_OPENFLOW_BASIC = 0x8000
 OFPXMT_OFB_IN_PORT = 0
 OFPXMT_OFB_ETH_DST = 3
 OFPXMT_OFB_ETH_SRC = 4
+OFPXMT_OFB_VLAN_VID = 6
+# VLAN_VID values (OpenFlow 1.3 §7.2.3.8): OFPVID_NONE, unmasked, matches only frames without
+# an 802.1Q header; OFPVID_PRESENT | vid one tagged with that VLAN id.
+OFPVID_NONE = 0x0000
+OFPVID_PRESENT = 0x1000
 OFPIT_APPLY_ACTIONS = 4
 OFPAT_OUTPUT = 0
 
@@ -155,8 +160,9 @@ class OpenflowError(Exception):
 @dataclass(frozen=True)
 class Rule:
     """What pre-warm writes and reads back: `cookie`, `priority`, in_port/eth_src/eth_dst
-    -> output:N. A rule read back that has another shape (other match fields, masks, other
-    actions) has `output` 0 and, of these fields, those it has (in_port 0 / eth "" if not)."""
+    and, if not None, vlan_vid -> output:N. A rule read back that has another shape (other
+    match fields, masks, other actions) has `output` 0 and, of these fields, those it has
+    (in_port 0 / eth "" / vlan_vid None if not)."""
 
     cookie: int
     priority: int
@@ -164,6 +170,7 @@ class Rule:
     eth_src: str  # "aa:bb:cc:dd:ee:ff", lower-case
     eth_dst: str
     output: int  # actions=output:N; 0 when the actions are something else
+    vlan_vid: int | None = None  # OXM VLAN_VID, unmasked (OFPVID_NONE: untagged only); None: no match on it
 
 
 @dataclass(frozen=True)
@@ -176,13 +183,15 @@ class AddRule:
 
 @dataclass(frozen=True)
 class DeleteStrict:
-    """OFPFC_DELETE_STRICT in table 0 of the rule with exactly this cookie, priority and match."""
+    """OFPFC_DELETE_STRICT in table 0 of the rule with exactly this cookie, priority and match
+    (`vlan_vid` None: a match without VLAN_VID, as a strict delete needs the whole match)."""
 
     cookie: int
     priority: int
     in_port: int
     eth_src: str
     eth_dst: str
+    vlan_vid: int | None = None
 
 
 Op = AddRule | DeleteStrict
@@ -219,6 +228,13 @@ def _check_u(value: int, bits: int, what: str) -> int:
     return value
 
 
+def _check_vlan_vid(value: int) -> int:
+    if value != OFPVID_NONE and not OFPVID_PRESENT <= value <= OFPVID_PRESENT | 4095:
+        raise OpenflowError(f"vlan_vid {value:#x} is neither OFPVID_NONE (0x0000, no 802.1Q header) nor "
+                            f"OFPVID_PRESENT|id (0x1000-0x1fff)")
+    return value
+
+
 def message(type_: int, xid: int, body: bytes = b"") -> bytes:
     return _HEADER.pack(VERSION, type_, _HEADER.size + len(body), xid) + body
 
@@ -233,9 +249,9 @@ def _oxm(field: int, value: bytes) -> bytes:
 
 
 def encode_match(in_port: int | None = None, eth_src: str | None = None,
-                 eth_dst: str | None = None) -> bytes:
-    """An ofp_match of type OXM (IN_PORT, ETH_DST, ETH_SRC as given), padded to 8 bytes; its
-    length field counts the OXMs but not the padding."""
+                 eth_dst: str | None = None, vlan_vid: int | None = None) -> bytes:
+    """An ofp_match of type OXM (IN_PORT, ETH_DST, ETH_SRC, VLAN_VID as given, unmasked),
+    padded to 8 bytes; its length field counts the OXMs but not the padding."""
     fields = b""
     if in_port is not None:
         fields += _oxm(OFPXMT_OFB_IN_PORT, struct.pack("!I", _check_u(in_port, 32, "in_port")))
@@ -243,6 +259,8 @@ def encode_match(in_port: int | None = None, eth_src: str | None = None,
         fields += _oxm(OFPXMT_OFB_ETH_DST, mac_bytes(eth_dst))
     if eth_src is not None:
         fields += _oxm(OFPXMT_OFB_ETH_SRC, mac_bytes(eth_src))
+    if vlan_vid is not None:
+        fields += _oxm(OFPXMT_OFB_VLAN_VID, struct.pack("!H", _check_vlan_vid(vlan_vid)))
     length = 4 + len(fields)
     return struct.pack("!HH", OFPMT_OXM, length) + fields + bytes(-length % 8)
 
@@ -268,10 +286,10 @@ def encode_op(xid: int, op: Op) -> bytes:
         r = op.rule
         return flow_mod(xid, command=OFPFC_ADD, cookie=r.cookie, priority=r.priority,
                         flags=OFPFF_CHECK_OVERLAP if op.check_overlap else 0,
-                        match=encode_match(r.in_port, r.eth_src, r.eth_dst),
+                        match=encode_match(r.in_port, r.eth_src, r.eth_dst, r.vlan_vid),
                         instructions=apply_output(r.output))
     return flow_mod(xid, command=OFPFC_DELETE_STRICT, cookie=op.cookie, cookie_mask=ALL_ONES,
-                    priority=op.priority, match=encode_match(op.in_port, op.eth_src, op.eth_dst))
+                    priority=op.priority, match=encode_match(op.in_port, op.eth_src, op.eth_dst, op.vlan_vid))
 
 
 def bundle_control(xid: int, bundle_id: int, kind: int, flags: int = OFPBF_ATOMIC | OFPBF_ORDERED) -> bytes:
@@ -300,10 +318,11 @@ class _Malformed(Exception):
     pass
 
 
-def _match_fields(data: bytes) -> tuple[int, str, str, bool]:
-    """in_port, eth_src, eth_dst (0 / "" when absent) of an OXM match's fields, and whether
-    the match is exactly those three, unmasked."""
-    in_port, src, dst, seen, exact = 0, "", "", set(), True
+def _match_fields(data: bytes) -> tuple[int, str, str, int | None, bool]:
+    """in_port, eth_src, eth_dst, vlan_vid (0 / "" / None when absent) of an OXM match's
+    fields, and whether the match is exactly the first three, unmasked, with or without an
+    unmasked VLAN_VID (a rule written before pre-warm matched on VLAN_VID has none)."""
+    in_port, src, dst, vlan_vid, seen, exact = 0, "", "", None, set(), True
     pos = 0
     while pos < len(data):
         if pos + 4 > len(data):
@@ -323,11 +342,14 @@ def _match_fields(data: bytes) -> tuple[int, str, str, bool]:
             src = mac_text(value)
         elif field == OFPXMT_OFB_ETH_DST and length == 6:
             dst = mac_text(value)
+        elif field == OFPXMT_OFB_VLAN_VID and length == 2:
+            (vlan_vid,) = struct.unpack("!H", value)
+            continue  # optional: not one of the three `seen` counts
         else:
             exact = False
             continue
         seen.add(field)
-    return in_port, src, dst, exact and len(seen) == 3
+    return in_port, src, dst, vlan_vid, exact and len(seen) == 3
 
 
 def _only_output(data: bytes) -> int:
@@ -358,10 +380,11 @@ def decode_flow_stats(body: bytes) -> list[Rule]:
         mend = _FLOW_STATS.size + (mlen + 7) // 8 * 8
         if mtype != OFPMT_OXM or mlen < 4 or mend > length:
             raise _Malformed("flow stats entry without an OXM match")
-        in_port, src, dst, exact = _match_fields(entry[_FLOW_STATS.size + 4:_FLOW_STATS.size + mlen])
+        match = entry[_FLOW_STATS.size + 4:_FLOW_STATS.size + mlen]
+        in_port, src, dst, vlan_vid, exact = _match_fields(match)
         output = _only_output(entry[mend:]) if exact else 0
         rules.append(Rule(cookie=cookie, priority=priority, in_port=in_port, eth_src=src, eth_dst=dst,
-                          output=output))
+                          output=output, vlan_vid=vlan_vid))
         pos += length
     return rules
 
@@ -754,6 +777,12 @@ def _describe(op: Op) -> str:
     if isinstance(op, AddRule):
         r = op.rule
         return (f"add cookie={r.cookie:#x},priority={r.priority},in_port={r.in_port},dl_src={r.eth_src},"
-                f"dl_dst={r.eth_dst},actions=output:{r.output}")
+                f"dl_dst={r.eth_dst}{_vlan_text(r.vlan_vid)},actions=output:{r.output}")
     return (f"delete_strict cookie={op.cookie:#x},priority={op.priority},in_port={op.in_port},"
-            f"dl_src={op.eth_src},dl_dst={op.eth_dst}")
+            f"dl_src={op.eth_src},dl_dst={op.eth_dst}{_vlan_text(op.vlan_vid)}")
+
+
+def _vlan_text(vlan_vid: int | None) -> str:
+    if vlan_vid is None:
+        return ""
+    return ",vlan_vid=none" if vlan_vid == OFPVID_NONE else f",vlan_vid={vlan_vid:#06x}"
