@@ -5,6 +5,10 @@ requests carried out (`ipam.holdings.Publisher`).
 An operator can then see the cluster (`tenantnetctl cluster nodes`), and a node that is
 alive — or only cut off — never has its address blocks taken over without `--force`. And
 it gives tenantnet-ipam a background runner, so that the next block is claimed ahead of need.
+
+Each beat also keeps pre-warm's part of the store right (drivers/prewarm.py, `sync_remote`):
+a pod's ADD and DEL give etcd a short bound only (prewarm.CLUSTER_WAIT), so what they could
+not publish or remove while etcd was away is done here, at the first beat that reaches it.
 """
 
 from __future__ import annotations
@@ -93,7 +97,7 @@ class Heartbeat:
             try:
                 self.liveness.beat()
                 self.publisher.beat()
-                self._greet_remote_peers()
+                self._sync_prewarm()
                 if failing:
                     self.log.info("cluster.heartbeat_restored", node=self.liveness.node.name)
                 failing = False
@@ -103,8 +107,9 @@ class Heartbeat:
                 failing = True
             self._stop.wait(self.interval)
 
-    def _greet_remote_peers(self) -> None:
-        """Pre-warm towards peers on other nodes that appeared since the last beat
+    def _sync_prewarm(self) -> None:
+        """Pre-warm towards peers on other nodes that appeared since the last beat, and
+        publish or remove this node's keys that an ADD or DEL could not
         (tenantnet/plugin/drivers/prewarm.py, "Peers on other nodes")."""
         from tenantnet.plugin import modes
         from tenantnet.plugin.drivers import prewarm

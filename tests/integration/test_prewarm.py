@@ -10,23 +10,30 @@ from __future__ import annotations
 
 import json
 import re
+import socket
+import struct
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from ipam.etcd import Etcd, EtcdConfig
 from tenantnet.plugin import modes
 from tenantnet.plugin import nodeconfig as config
 from tenantnet.plugin.drivers import prewarm
 from tenantnet.plugin.records import RecordStore
-from tenantnet.plugin.system import dpctl
+from tenantnet.plugin.system import dpctl, warmframes
 from tests.integration.conftest import new_cid
+from tests.integration.etcdsupport import EtcdServer, free_port
+from tests.polling import poll
 
 NET = "warm100"
 PLUGIN_DIR = str(Path(sys.executable).parent)
 FOREIGN = "0x1234"
+UNTAGGED = "vlan_tci=0x0000/0x1fff"  # how ovs-ofctl shows OXM VLAN_VID = OFPVID_NONE
 
 
 def ofctl(lab, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -154,12 +161,15 @@ def test_gc_removes_rules_of_attachments_that_are_gone(lab, plugin, netns_factor
     live_cookie = prewarm.cookie_of(NET, pods["a"]["cid"], "net1")
     ofctl(lab, "add-flow", f"cookie={live_cookie:#x},priority=1,in_port=9998,dl_src={pods['a']['mac']},"
                            "dl_dst=02:00:00:00:00:02,actions=drop")
-    assert len(rules(lab)) == 4
+    # The same in today's shape (no VLAN tag): GC's strict delete must name that match too.
+    ofctl(lab, "add-flow", f"cookie={ghost:#x},priority=1,in_port=9997,{UNTAGGED},dl_src=02:00:00:00:00:01,"
+                           f"dl_dst={pods['a']['mac']},actions=output:9996")
+    assert len(rules(lab)) == 5
     gc = plugin.call("GC", {**warm_conf, "cni.dev/valid-attachments": [
         {"containerID": p["cid"], "ifname": "net1"} for p in pods.values()]}, "", "", "")
     assert gc.code == 0, gc.stdout
     left = rules(lab)
-    assert len(left) == 2 and not any("9999" in r or "9998" in r for r in left), left
+    assert len(left) == 2 and not any(p in r for r in left for p in ("9999", "9998", "9997")), left
     for p in pods.values():
         assert plugin.call("DEL", warm_conf, p["cid"], "", "net1").code == 0
     assert rules(lab) == []
@@ -288,17 +298,19 @@ def test_rules_lost_with_the_switch_are_written_again(lab, plugin, netns_factory
         assert plugin.call("DEL", warm_conf, p["cid"], "", "net1").code == 0
 
 
+@pytest.mark.parametrize("vlan", ["", f"{UNTAGGED},"], ids=["no-vlan-match", "untagged-match"])
 def test_a_rule_of_others_with_exactly_our_match_is_not_taken_over(lab, plugin, netns_factory, warm_conf,
-                                                                   no_leftovers):
+                                                                   no_leftovers, vlan):
     """OpenFlow lets an ADD with an identical match and priority replace a rule (and its
-    cookie) without an error; pre-warm looks first and leaves such a pair alone."""
+    cookie) without an error; pre-warm looks first and leaves such a pair alone — with our
+    match exactly ("no VLAN tag" too), or without the VLAN part (which overlaps ours)."""
     pods = _add_pods(plugin, netns_factory, warm_conf, ["a"])
     a = _records(lab)["a"]
     ofport = json.loads(lab.vsctl("--format=json", "--columns=ofport", "list", "Interface",
                                   a.plan.host_ifname))["data"][0][0]
     # The next pod's MAC is chosen by the NAD here, so the foreign rule can match it exactly.
     mac_b = "0a:58:0a:5b:00:99"
-    ofctl(lab, "add-flow", f"cookie={FOREIGN},priority=1,in_port={ofport},dl_src={pods['a']['mac']},"
+    ofctl(lab, "add-flow", f"cookie={FOREIGN},priority=1,in_port={ofport},{vlan}dl_src={pods['a']['mac']},"
                            f"dl_dst={mac_b},actions=drop")
     try:
         pods.update(_add_pods(plugin, netns_factory, {**warm_conf, "mac": mac_b}, ["b"]))
@@ -311,3 +323,176 @@ def test_a_rule_of_others_with_exactly_our_match_is_not_taken_over(lab, plugin, 
         assert len(rules(lab, f"cookie={FOREIGN}/-1")) == 1
     finally:
         ofctl(lab, "del-flows", f"cookie={FOREIGN}/-1")
+
+
+def _rx_packets(ns) -> int:
+    return int(ns.run("cat", "/sys/class/net/net1/statistics/rx_packets", check=True).stdout)
+
+
+def _pair_rule(lab, src: dict, dst: dict) -> str:
+    (line,) = [r for r in rules(lab) if f"dl_src={src['mac']},dl_dst={dst['mac']}" in r]
+    return line
+
+
+def _counted(line: str) -> int:
+    return int(line.split("n_packets=")[1].split(",")[0])
+
+
+def _tagged(src: dict, dst: dict, vid: int) -> bytes:
+    """An IPv4 frame with an 802.1Q header (VLAN `vid`), as a pod could send on its access port."""
+    untagged = warmframes.frame(src["mac"], dst["mac"], warmframes.ETH_P_IP)
+    return untagged[:12] + struct.pack("!HH", 0x8100, vid) + untagged[12:]
+
+
+def _forwarded(lab, pods, frame: bytes) -> int:
+    """Send `frame` from pod a, then an untagged frame a->b as a marker; once the marker has
+    reached b (and the a->b rule has counted it: it went by the pre-warm rule), how many of
+    the two b received. b's counter is the veth's own, raised as OVS outputs to it; OVS
+    credits a rule's counters from the datapath in batches, so those are only waited for."""
+    a, b = pods["a"], pods["b"]
+    rx, hits = _rx_packets(b["ns"]), _counted(_pair_rule(lab, a, b))
+    warmframes.send(a["ns"].path, "net1", [frame, warmframes.frame(a["mac"], b["mac"], warmframes.ETH_P_IP)])
+    assert poll(lambda: _rx_packets(b["ns"]) > rx, timeout=5), "the untagged marker frame did not reach b"
+    assert poll(lambda: _counted(_pair_rule(lab, a, b)) > hits, timeout=5), \
+        "the untagged marker frame was not forwarded by the pre-warm rule"
+    # A frame that missed the datapath went by an upcall and may land after the marker
+    # (which hit the flow the warm frames made); an upcall takes milliseconds, and the
+    # marker's credit on the rule came after at least one revalidation round.
+    time.sleep(0.2)
+    return _rx_packets(b["ns"]) - rx
+
+
+def test_tagged_frames_are_not_forwarded_by_the_prewarm_rules(lab, plugin, netns_factory, warm_conf,
+                                                                no_leftovers):
+    """A pod on an access port that sends a frame with an 802.1Q header: NORMAL drops it,
+    so pre-warm's rule must not forward it (its match says "no VLAN tag"). Rules an older
+    version wrote without that match do forward it (shown below, which is also what makes
+    this test able to fail); the agent's `reconcile` rewrites them, and DEL removes them."""
+    pods = _add_pods(plugin, netns_factory, warm_conf, ["a", "b"])
+    assert _records(lab)["b"].plan.prewarm == prewarm.WARM
+    ours = rules(lab)
+    assert len(ours) == 2 and all(UNTAGGED in r for r in ours), ours
+    for vid in (100, 200):  # its own access VLAN's id, and another
+        assert _forwarded(lab, pods, _tagged(pods["a"], pods["b"], vid)) == 1  # the marker only
+
+    # The a->b rule as a version before the VLAN_VID match wrote it: same cookie, no VLAN match.
+    line = _pair_rule(lab, pods["a"], pods["b"])
+    cookie = line.split(",")[0].split("=")[1]
+    match = re.search(r"priority=1,(in_port=\d+),vlan_tci=0x0000/0x1fff,(dl_src=\S+,dl_dst=\S+) "
+                      r"actions=(output:\d+)", line)
+    assert match, line
+    in_port, macs, output = match.groups()
+    ofctl(lab, "del-flows", "--strict", f"cookie={cookie}/-1,priority=1,{in_port},{UNTAGGED},{macs}")
+    ofctl(lab, "add-flow", f"cookie={cookie},priority=1,{in_port},{macs},actions={output}")
+    assert UNTAGGED not in _pair_rule(lab, pods["a"], pods["b"])
+    assert _forwarded(lab, pods, _tagged(pods["a"], pods["b"], 200)) == 2  # the old shape forwards it
+
+    node = config.load(str(lab.node_config))
+    assert prewarm.reconcile(node, modes.plan_type) == 0  # nothing was missing: nothing re-warmed...
+    upgraded = rules(lab)
+    assert len(upgraded) == 2 and all(UNTAGGED in r for r in upgraded), upgraded  # ...but rewritten
+    assert cookie in _pair_rule(lab, pods["a"], pods["b"])  # still the attachment's own cookie
+    assert _forwarded(lab, pods, _tagged(pods["a"], pods["b"], 200)) == 1
+
+    # DEL takes rules of the old shape too (by cookie and by output port).
+    ofctl(lab, "del-flows", "--strict", f"cookie={cookie}/-1,priority=1,{in_port},{UNTAGGED},{macs}")
+    ofctl(lab, "add-flow", f"cookie={cookie},priority=1,{in_port},{macs},actions={output}")
+    assert plugin.call("DEL", warm_conf, pods["a"]["cid"], "", "net1").code == 0
+    assert rules(lab) == []
+    assert plugin.call("DEL", warm_conf, pods["b"]["cid"], "", "net1").code == 0
+
+
+class SilentEtcd:
+    """An "etcd" on a free loopback port that accepts connections and never answers: what a
+    hung or partitioned member looks like to a client (a refused connection fails at once)."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.port = int(self.listener.getsockname()[1])
+        self.held: list[socket.socket] = []
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.held.append(conn)  # kept open, never read or answered
+
+    def close(self) -> None:
+        self.listener.close()
+        for conn in self.held:
+            conn.close()
+
+
+def _cluster_node_config(lab, path: Path, port: int) -> Path:
+    path.write_text(lab.node_config.read_text() + f"etcdEndpoints: [http://127.0.0.1:{port}]\n"
+                    f"nodeName: warm-node\netcdTimeout: {ETCD_TIMEOUT}\n")
+    return path
+
+
+ETCD_TIMEOUT = 5.0  # the node config's etcdTimeout (its default): what an ADD waited before
+ADD_BOUND = 2.5  # an exec'd ADD here takes ≈ 0.3 s, plus prewarm.CLUSTER_WAIT: well under ETCD_TIMEOUT
+
+
+def test_an_add_does_not_wait_for_an_etcd_that_does_not_answer(lab, plugin, netns_factory, warm_conf, tmp_path,
+                                                             no_leftovers):
+    """Cluster mode with etcd hung: a pre-warming ADD publishes and greets within a short
+    bound of its own (prewarm.CLUSTER_WAIT), not the node's etcdTimeout, and nothing is
+    lost — once etcd answers again, the heartbeat's `sync_remote` publishes what the ADDs
+    could not, and removes a key that a DEL could not."""
+    started = time.monotonic()  # for comparison: the same ADD without a cluster store
+    alone = _add_pods(plugin, netns_factory, warm_conf, ["z"])["z"]
+    print(f"\nADD without a cluster store: {(time.monotonic() - started) * 1000:.0f} ms")
+    assert plugin.call("DEL", warm_conf, alone["cid"], "", "net1").code == 0
+    silent = SilentEtcd()
+    plugin.extra_env["TENANTNET_CONFIG"] = str(_cluster_node_config(lab, tmp_path / "node.yaml", silent.port))
+    pods: dict = {}
+    server = None
+    try:
+        times = []
+        for name in ("a", "b"):  # alone, then with a local peer
+            started = time.monotonic()
+            pods.update(_add_pods(plugin, netns_factory, warm_conf, [name]))
+            times.append(time.monotonic() - started)
+        print(f"ADD with etcd not answering (etcdTimeout {ETCD_TIMEOUT:g} s): "
+              + ", ".join(f"{t * 1000:.0f} ms" for t in times))
+        assert silent.held, "the ADDs never tried the cluster store: this test shows nothing"
+        recs = _records(lab)
+        assert recs["a"].plan.prewarm == prewarm.NO_PEERS and recs["b"].plan.prewarm == prewarm.WARM
+        assert max(times) < ADD_BOUND, f"an ADD waited for etcd: {times}"
+        # A DEL too (its key's removal is the heartbeat's then: c's was never published).
+        pods.update(_add_pods(plugin, netns_factory, warm_conf, ["c"]))
+        gone = pods["c"]
+        started = time.monotonic()
+        assert plugin.call("DEL", warm_conf, gone["cid"], "", "net1").code == 0
+        del pods["c"]
+        took = time.monotonic() - started
+        print(f"DEL with etcd not answering: {took * 1000:.0f} ms")
+        assert took < ADD_BOUND, f"a DEL waited for etcd: {took}"
+        # etcd comes back, on the same address: the heartbeat publishes a and b, and removes
+        # a key of this node that no record backs (what a DEL leaves when it cannot reach etcd).
+        silent.close()
+        server = EtcdServer(tmp_path / "etcd")
+        server.client_port, server.peer_port = silent.port, free_port()
+        server.start()
+        node = config.load(plugin.extra_env["TENANTNET_CONFIG"])
+        etcd = Etcd(EtcdConfig((server.endpoint,)))
+        etcd.put(f"{node.etcd_prefix}prewarm/{NET}/warm-node/{'f' * 64}/net1",
+                 json.dumps({"mac": "0a:58:0a:00:00:99", "vlan": 100}).encode())
+        assert prewarm.sync_remote(node, set(), modes.plan_type) == set()  # no peer on another node
+        published = {kv.key: json.loads(kv.value) for kv in etcd.range(f"{node.etcd_prefix}prewarm/{NET}/")}
+        assert published == {f"{node.etcd_prefix}prewarm/{NET}/warm-node/{p['cid']}/net1": {"mac": p["mac"], "vlan": 100}
+                             for p in pods.values()}
+        for name in list(pods):
+            assert plugin.call("DEL", warm_conf, pods.pop(name)["cid"], "", "net1").code == 0
+        assert etcd.range(f"{node.etcd_prefix}prewarm/") == []
+    finally:
+        for p in pods.values():  # a failure above: leave nothing behind for the next tests
+            plugin.call("DEL", warm_conf, p["cid"], "", "net1")
+        silent.close()
+        if server is not None:
+            server.remove()
+        del plugin.extra_env["TENANTNET_CONFIG"]

@@ -33,9 +33,21 @@ def test_cookies_are_ours_per_network_and_per_attachment():
 def test_a_pairs_ops_delete_only_our_own_identical_rule_then_add_with_check_overlap():
     a = prewarm.End(prewarm.cookie_of("n", "a", "net1"), "tna", 3, A, "/run/netns/a", "net1", False)
     b = prewarm.End(prewarm.cookie_of("n", "b", "net1"), "tnb", 4, B, "/run/netns/b", "net1", False)
-    delete, add = a.ops(b)
-    assert delete == DeleteStrict(a.cookie, 1, 3, A, B)  # strict, with a cookie of ours: only our twin
-    assert add == AddRule(Rule(a.cookie, 1, 3, A, B, 4), check_overlap=True)
+    legacy, delete, add = a.ops(b)
+    # Strict, with a cookie of ours: only our twin — of either shape, the one an older
+    # version wrote (no VLAN_VID match) and the current one.
+    assert legacy == DeleteStrict(a.cookie, 1, 3, A, B, None)
+    assert delete == DeleteStrict(a.cookie, 1, 3, A, B, openflow.OFPVID_NONE)
+    # Only frames without an 802.1Q header: a tagged one meets NORMAL, which drops it on an access port.
+    assert add == AddRule(Rule(a.cookie, 1, 3, A, B, 4, openflow.OFPVID_NONE), check_overlap=True)
+    assert "in_port=3,dl_src=0a:58:0a:00:00:01,dl_dst=0a:58:0a:00:00:02,vlan_vid=none,actions=output:4" \
+        in openflow._describe(add)
+
+
+def test_only_rules_of_our_shape_without_vlan_vid_are_legacy():
+    assert prewarm._legacy(Rule(1, 1, 3, A, B, 4))
+    assert not prewarm._legacy(Rule(1, 1, 3, A, B, 4, openflow.OFPVID_NONE))
+    assert not prewarm._legacy(Rule(1, 1, 3, A, B, 0))  # another shape (output 0): not ours to rewrite
 
 
 def test_only_well_formed_published_peers_are_used():

@@ -4,10 +4,13 @@ ovs-offload), each of which calls `warm` once its ADD is ready and `unwarm` firs
 its DEL.
 
 For each pair of attachments of one network, one bridge and one access VLAN on this node:
-1. a static OpenFlow rule per direction, `in_port=<a>, dl_src=<mac a>, dl_dst=<mac b> →
-   output:<b>`, at priority 1 — above the bridge's default NORMAL rule (priority 0) and
-   below any rule anyone else wrote, so pre-warm never overrides somebody's policy, only the
-   MAC learning of NORMAL for pairs that NORMAL would forward anyway (same L2 segment);
+1. a static OpenFlow rule per direction, `in_port=<a>, dl_src=<mac a>, dl_dst=<mac b>,
+   no VLAN tag → output:<b>`, at priority 1 — above the bridge's default NORMAL rule
+   (priority 0) and below any rule anyone else wrote, so pre-warm never overrides somebody's
+   policy, only the MAC learning of NORMAL for frames that NORMAL would forward anyway (same
+   L2 segment). "No VLAN tag" (OXM VLAN_VID = OFPVID_NONE) because NORMAL drops a tagged
+   frame that a pod sends on its access port, and `output:<b>` would not: such a frame
+   misses the rule and meets NORMAL. Trunk ports are not pre-warmed at all;
 2. one frame per EtherType (IPv4, ARP, and IPv6 when either end has an IPv6 address) and
    direction, sent from inside each pod's namespace (system/warmframes.py): its miss makes
    OVS install the datapath flow — on a NIC with hw-offload, the flow OVS offloads to tc
@@ -46,7 +49,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tenantnet.plugin import log
@@ -55,7 +58,7 @@ from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import PHASE_READY, AttachmentRecord, Plan, RecordStore
 from tenantnet.plugin.system import dpctl, openflow, ovsdb, warmframes
 from tenantnet.plugin.system.netns import NamespaceNotFound
-from tenantnet.plugin.system.openflow import AddRule, DeleteStrict, Op, Rule
+from tenantnet.plugin.system.openflow import OFPVID_NONE, AddRule, DeleteStrict, Op, Rule
 
 PRIORITY = 1
 TN = 0x746E << 48
@@ -73,6 +76,11 @@ CONFLICT = "conflict"    # a rule of somebody else's overlaps ours: ours were no
 FAILED = "failed"        # OVS refused or could not be reached; the reason is in the log
 TRUNK = "trunk"          # a trunk port: its traffic is tagged, so per-pair rules do not apply
 REMOVING = "removing"    # DEL has begun: peers must not pair with it any more
+
+# The VLAN_VID match of rules written before pre-warm matched on "no VLAN tag": none. Such
+# rules are ours all the same (cookie), go with DEL and GC as before, and `reconcile`
+# rewrites them with the match.
+LEGACY_VLAN: int | None = None
 
 OFPORT_WAIT = 2.0   # vswitchd numbers a new port within milliseconds; a bound, not a pause
 FLOW_WAIT = 0.5     # for the frames' upcalls to become datapath flows (ms here; a bound)
@@ -106,12 +114,16 @@ class End:
     ipv6: bool
 
     def rule(self, to: End) -> Rule:
-        return Rule(self.cookie, PRIORITY, self.ofport, self.mac, to.mac, to.ofport)
+        return Rule(self.cookie, PRIORITY, self.ofport, self.mac, to.mac, to.ofport, OFPVID_NONE)
 
     def ops(self, to: End) -> list[Op]:
-        # The strict delete first (a cookie of ours only), so a pair warmed twice (two ADDs
-        # racing) ends with one rule, and `check_overlap` then only sees other people's.
-        return [DeleteStrict(self.cookie, PRIORITY, self.ofport, self.mac, to.mac), AddRule(self.rule(to))]
+        # The strict deletes first (a cookie of ours only), so a pair warmed twice (two ADDs
+        # racing) ends with one rule, and `check_overlap` then only sees other people's. Two:
+        # a strict delete needs the whole match, and a rule written before the VLAN_VID
+        # match (LEGACY_VLAN) would otherwise overlap the new one and fail it as a conflict.
+        return [DeleteStrict(self.cookie, PRIORITY, self.ofport, self.mac, to.mac, LEGACY_VLAN),
+                DeleteStrict(self.cookie, PRIORITY, self.ofport, self.mac, to.mac, OFPVID_NONE),
+                AddRule(self.rule(to))]
 
 
 def enabled(plan: Plan) -> bool:
@@ -232,7 +244,7 @@ def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
     for peer in written:
         _send(me, peer)
         _send(peer, me)
-    remote = _publish_and_greet(node, record, me)
+    remote = _publish_and_greet(node, record, me)  # bounded: CLUSTER_WAIT
     seen = False
     if pairs and not written:
         plan.prewarm = CONFLICT
@@ -283,8 +295,11 @@ def _write(target: str, me: End, others: list[End]) -> tuple[list[End], int]:
 
 
 def _taken(switch: openflow.Switch, rule: Rule) -> bool:
-    """Whether somebody else has a rule with exactly our rule's match and priority. OpenFlow
-    would have our ADD replace it silently (check_overlap only refuses a partial overlap)."""
+    """Whether somebody else has a rule at our priority whose match has our rule's in_port
+    and MACs: one with exactly our match (VLAN_VID too) our ADD would replace silently
+    (check_overlap only refuses a partial overlap); one without VLAN_VID, or with more
+    fields, overlaps ours, which check_overlap would refuse anyway — either way the pair is
+    left alone."""
     return any(r.priority == rule.priority and r.cookie & TN_MASK != TN
                and (r.in_port, r.eth_src, r.eth_dst) == (rule.in_port, rule.eth_src, rule.eth_dst)
                for r in switch.rules(0, 0, in_port=rule.in_port, eth_src=rule.eth_src, eth_dst=rule.eth_dst))
@@ -383,15 +398,71 @@ class Published:
     vlan: int | None
 
 
-def _cluster(node: NodeConfig) -> tuple[Any, str, str] | None:
-    """(etcd client, this node's name, key prefix of pre-warm) or None without a cluster store."""
+# A pod's ADD and DEL give the cluster store CLUSTER_WAIT seconds per call, not the node's
+# etcdTimeout (5 s by default): an answering etcd takes milliseconds, and what a pod's path
+# could not do the agent's heartbeat does (`sync_remote`, every 5 s, with etcdTimeout):
+# publish a pre-warmed attachment whose key is missing (greeting the remote peers from it
+# first), delete a key no record backs. After a call that failed, this process leaves the
+# store to the heartbeat for CLUSTER_RETRY_AFTER seconds (the agent serves many ADDs: during
+# an outage only the first pays the wait; an exec'd plugin is a new process each time, and
+# pays CLUSTER_WAIT at most).
+CLUSTER_WAIT = 0.5
+CLUSTER_RETRY_AFTER = 5.0
+_cluster_failed_at: dict[Any, float] = {}  # etcd configuration -> when a pod's call failed (monotonic)
+
+# The states `warm` leaves after it has tried to publish: the attachments whose key belongs in
+# the store (not FAILED or TRUNK, which stop before; not PENDING or REMOVING).
+PUBLISHED_STATES = (WARM, RULES_ONLY, NO_PEERS, REMOTE_ONLY, CONFLICT)
+
+
+@dataclass(frozen=True)
+class ClusterStore:
+    """The cluster store as pre-warm uses it."""
+
+    etcd: Any    # ipam.etcd.Etcd (imported only in cluster mode)
+    node: str    # this node's name
+    base: str    # key prefix of pre-warm: `<etcdPrefix>prewarm/`
+
+    def key(self, record: AttachmentRecord) -> str:
+        return f"{self.base}{record.network}/{self.node}/{record.container_id}/{record.ifname}"
+
+
+def _cluster(node: NodeConfig, wait: float | None = None) -> ClusterStore | None:
+    """The cluster store, or None without one; `wait`: seconds per call, if shorter than the
+    node's etcdTimeout."""
     from ipam import cluster
     from tenantnet.plugin import ipam_client
 
     me = ipam_client.cluster_node(node)
     if me is None:
         return None
-    return cluster.client(me.etcd), me.name, f"{me.prefix}prewarm/"
+    config = me.etcd
+    if wait is not None and wait < config.timeout:
+        config = replace(config, timeout=wait)
+    return ClusterStore(cluster.client(config), me.name, f"{me.prefix}prewarm/")
+
+
+def _pod_path_store(node: NodeConfig, record: AttachmentRecord) -> ClusterStore | None:
+    """The store for an ADD or DEL (CLUSTER_WAIT per call), or None: no store, or a call of
+    this process failed less than CLUSTER_RETRY_AFTER seconds ago (left to the heartbeat)."""
+    store = _cluster(node, CLUSTER_WAIT)
+    if store is None:
+        return None
+    failed = _cluster_failed_at.get(store.etcd.config)
+    ago = time.monotonic() - failed if failed is not None else None
+    if ago is not None and ago < CLUSTER_RETRY_AFTER:
+        log.get("tenantnet.prewarm").info("prewarm.cluster_deferred", network=record.network,
+                                          container_id=record.container_id, ifname=record.ifname,
+                                          error=f"the cluster store failed a call {ago:.1f} s ago; the "
+                                                "agent's heartbeat publishes or removes the key")
+        return None
+    return store
+
+
+def _pod_path_failed(store: ClusterStore, exc: Exception) -> None:
+    _cluster_failed_at[store.etcd.config] = time.monotonic()
+    log.get("tenantnet.prewarm").warning("prewarm.cluster_unavailable",
+                                         error=f"{exc}; the agent's heartbeat retries")
 
 
 def _published(value: bytes, key: str, base: str) -> Published | None:
@@ -407,80 +478,94 @@ def _published(value: bytes, key: str, base: str) -> Published | None:
     return Published(key, parts[0], parts[1], mac, vlan)
 
 
+def _value(mac: str, plan: PortPlan) -> bytes:
+    return json.dumps({"mac": mac, "vlan": plan.vlan}).encode()
+
+
+def _greet(me: End, peers: list[Published], limit: int) -> int:
+    """Send `me`'s frames to remote `peers` (at most `limit`); how many."""
+    for peer in peers[:limit]:
+        _send(me, End(0, "", 0, peer.mac, "", "", False))
+    return min(len(peers), limit)
+
+
 def _publish_and_greet(node: NodeConfig, record: AttachmentRecord, me: End) -> int:
-    """Publish `record` and send its frames to the network's peers on other nodes; how many."""
-    store = _cluster(node)
+    """Send `record`'s frames to the network's peers on other nodes, then publish it; how
+    many peers. In that order, so that a key in the store means its pod has greeted the
+    peers there were: the heartbeat, which publishes a missing key, greets from it first."""
+    store = _pod_path_store(node, record)
     if store is None:
         return 0
-    etcd, name, base = store
     plan = record.plan
     assert isinstance(plan, PortPlan)
-    logger = log.get("tenantnet.prewarm")
     try:
-        etcd.put(f"{base}{record.network}/{name}/{record.container_id}/{record.ifname}",
-                 json.dumps({"mac": me.mac, "vlan": plan.vlan}).encode())
-        remote = [p for kv in etcd.range(f"{base}{record.network}/")
-                  if (p := _published(kv.value, kv.key, base)) is not None
-                  and p.node != name and p.vlan == plan.vlan]
+        remote = [p for kv in store.etcd.range(f"{store.base}{record.network}/")
+                  if (p := _published(kv.value, kv.key, store.base)) is not None
+                  and p.node != store.node and p.vlan == plan.vlan]
     except Exception as exc:  # the cluster store is down: the local pairs are warm anyway
-        logger.warning("prewarm.cluster_unavailable", error=str(exc))
+        _pod_path_failed(store, exc)
         return 0
-    for peer in remote[:node.prewarm_max_peers]:
-        _send(me, End(0, "", 0, peer.mac, "", "", False))
-    return min(len(remote), node.prewarm_max_peers)
+    greeted = _greet(me, remote, node.prewarm_max_peers)
+    try:
+        store.etcd.put(store.key(record), _value(me.mac, plan))
+    except Exception as exc:
+        _pod_path_failed(store, exc)
+    return greeted
 
 
 def _unpublish(node: NodeConfig, record: AttachmentRecord) -> None:
-    store = _cluster(node)
+    store = _pod_path_store(node, record)
     if store is None:
         return
-    etcd, name, base = store
     try:
-        etcd.delete(f"{base}{record.network}/{name}/{record.container_id}/{record.ifname}")
+        store.etcd.delete(store.key(record))
     except Exception as exc:  # left for sync_remote on this node to remove later
-        log.get("tenantnet.prewarm").warning("prewarm.cluster_unavailable", error=str(exc))
+        _pod_path_failed(store, exc)
 
 
 def sync_remote(node: NodeConfig, greeted: set[str], plan_type: Callable[[str], type[Plan]]) -> set[str]:
     """The agent's heartbeat: greet remote peers that appeared since the last call (send
-    frames from this node's pre-warmed pods of the same network and VLAN to them) and drop
+    frames from this node's pre-warmed pods of the same network and VLAN to them), publish
+    this node's pre-warmed attachments whose key is missing (an ADD that could not reach the
+    store: greeting every remote peer from them first, as their ADD would have), and drop
     this node's published keys that no record backs any more (a DEL that could not reach the
     store). `greeted`: the remote keys handled so far; returns the new set."""
     store = _cluster(node)
     if store is None:
         return greeted
-    etcd, name, base = store
-    entries = [p for kv in etcd.range(base) if (p := _published(kv.value, kv.key, base)) is not None]
-    remote = [p for p in entries if p.node != name]
-    fresh = [p for p in remote if p.key not in greeted]
-    if fresh:
-        records = RecordStore(node.state_dir, plan_type)
-        mine = [r for r in records.list() if isinstance(r, AttachmentRecord) and r.phase == PHASE_READY
-                and enabled(r.plan) and getattr(r.plan, "prewarm", "") != REMOVING]
-        for r in mine:
-            pod = _pod_interface(r)
-            plan = r.plan
-            assert isinstance(plan, PortPlan)
-            if pod is None:
-                continue
-            mine_fresh = [p for p in fresh if p.network == r.network and p.vlan == plan.vlan]
-            for peer in mine_fresh[:node.prewarm_max_peers]:  # the same bound as at ADD
-                _send(End(0, plan.port_name() or "", 0, pod[0], r.netns, r.ifname, pod[1]),
-                      End(0, "", 0, peer.mac, "", "", False))
-    own = {p.key for p in entries if p.node == name}
-    if own:
-        records = RecordStore(node.state_dir, plan_type)
-        backed = {f"{base}{r.network}/{name}/{r.container_id}/{r.ifname}" for r in records.list()
-                  if isinstance(r, AttachmentRecord)}
-        for key in own - backed:
-            etcd.delete(key)
+    entries = [p for kv in store.etcd.range(store.base)
+               if (p := _published(kv.value, kv.key, store.base)) is not None]
+    remote = [p for p in entries if p.node != store.node]
+    fresh = {p.key for p in remote if p.key not in greeted}
+    own = {p.key for p in entries if p.node == store.node}
+    records = [r for r in RecordStore(node.state_dir, plan_type).list() if isinstance(r, AttachmentRecord)]
+    for r in records:
+        plan = r.plan
+        if r.phase != PHASE_READY or not enabled(plan) or \
+                getattr(plan, "prewarm", "") not in PUBLISHED_STATES:
+            continue
+        assert isinstance(plan, PortPlan)
+        pod = _pod_interface(r)
+        if pod is None:
+            continue
+        missing = store.key(r) not in own
+        segment = [p for p in remote if p.network == r.network and p.vlan == plan.vlan
+                   and (missing or p.key in fresh)]
+        _greet(End(0, plan.port_name() or "", 0, pod[0], r.netns, r.ifname, pod[1]), segment,
+               node.prewarm_max_peers)  # the same bound as at ADD
+        if missing:
+            store.etcd.put(store.key(r), _value(pod[0], plan))
+    backed = {store.key(r) for r in records}
+    for key in own - backed:
+        store.etcd.delete(key)
     return {p.key for p in remote}
 
 
 def reconcile(node: NodeConfig, plan_type: Callable[[str], type[Plan]]) -> int:
     """Re-warm attachments whose rules are gone while they still have peers here — what an
-    ovs-vswitchd restart does (OpenFlow tables are not persistent). The agent runs it
-    periodically; it only ever adds our own rules through `warm`. Returns how many re-warmed."""
+    ovs-vswitchd restart does (OpenFlow tables are not persistent) — and rewrite our rules
+    written before the VLAN_VID match (`_upgrade`). The agent runs it periodically; it only
+    ever adds our own rules. Returns how many attachments were re-warmed."""
     from tenantnet.plugin.drivers import ovsport
 
     records = RecordStore(node.state_dir, plan_type)
@@ -496,8 +581,11 @@ def reconcile(node: NodeConfig, plan_type: Callable[[str], type[Plan]]) -> int:
         if where not in present:
             try:
                 switch = switch_for(openflow.mgmt_target(*where))
-                present[where] = {r.cookie for r in switch.rules(TN, TN_MASK)}
-            except openflow.OpenflowError:
+                ours = switch.rules(TN, TN_MASK)
+                if any(_legacy(x) for x in ours):
+                    _upgrade(node, switch, where[1])
+                present[where] = {x.cookie for x in ours}
+            except (openflow.OpenflowError, OSError):  # OSError: the bridge lock; next round retries
                 continue
         if cookie_of(r.network, r.container_id, r.ifname) in present[where]:
             continue
@@ -512,6 +600,34 @@ def reconcile(node: NodeConfig, plan_type: Callable[[str], type[Plan]]) -> int:
                 rewarmed += 1
                 present.pop(where, None)  # its warm wrote peers' rules too: read again
     return rewarmed
+
+
+def _legacy(rule: Rule) -> bool:
+    """A rule of pre-warm's shape (read back with our cookie) without the VLAN_VID match."""
+    return rule.output > 0 and rule.vlan_vid is LEGACY_VLAN
+
+
+def _upgrade(node: NodeConfig, switch: openflow.Switch, bridge: str) -> int:
+    """Rewrite our legacy-shape rules on `bridge` with the VLAN_VID match, each in a bundle
+    of its own (its strict delete, then the add). Read again under the bridge lock: a rule
+    that a DEL removed after the caller's read must not come back. A rule whose new shape
+    somebody else's rule has or overlaps stays as it was. Returns how many were rewritten."""
+    done = 0
+    with _bridge_lock(node, bridge):
+        for old in [r for r in switch.rules(TN, TN_MASK) if _legacy(r)]:
+            new = replace(old, vlan_vid=OFPVID_NONE)
+            if _taken(switch, new):
+                continue
+            try:
+                switch.bundle([DeleteStrict(old.cookie, old.priority, old.in_port, old.eth_src, old.eth_dst,
+                                            LEGACY_VLAN), AddRule(new)])
+                done += 1
+            except openflow.OpenflowError as exc:
+                if not exc.overlap:
+                    raise
+    if done:
+        log.get("tenantnet.prewarm").info("prewarm.rules_upgraded", bridge=bridge, rules=done)
+    return done
 
 
 def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: set[str],
@@ -538,7 +654,7 @@ def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: s
                         macs.add(pod[0])
             doomed = [r for r in rules if r.cookie not in live or r.eth_dst not in macs]
             if doomed:
-                switch.bundle([DeleteStrict(r.cookie, r.priority, r.in_port, r.eth_src, r.eth_dst)
+                switch.bundle([DeleteStrict(r.cookie, r.priority, r.in_port, r.eth_src, r.eth_dst, r.vlan_vid)
                                for r in doomed])
                 removed += len(doomed)
     return removed
