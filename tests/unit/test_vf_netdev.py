@@ -1,176 +1,61 @@
-"""A VF netdev's trip into the pod and back (tenantnet.plugin.drivers.vf) without a kernel: the
-requests sent (one RTM_SETLINK each way, after one lookup), which link in the pod is taken for
-the VF on the way back, and how a refusal is worded and coded — as the move's, as the
-configuration's, or as the pod's ifname taken."""
+"""What the VF driver (tenantnet.plugin.drivers.vf) asks of netlink for a VF's netdev, without
+a kernel: how it comes home, and the pod's ifname already taken as the runtime's error (CNI code
+4). The requests themselves, and how netlink words a refusal: test_netlink_move.py."""
 
 from __future__ import annotations
 
 import errno
-import os
-from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from cni.errors import CniError, Code
+from cni.netconf import parse_netconf
 from tenantnet.plugin.drivers import vf
-from tenantnet.plugin.system import netlink, rtnl
-from tests.unit.test_rtnl import (
-    AF_UNSPEC,
-    IFF_UP,
-    IFLA_ADDRESS,
-    IFLA_IFALIAS,
-    IFLA_IFNAME,
-    IFLA_MTU,
-    IFLA_NET_NS_FD,
-    IFLA_NET_NS_PID,
-    RTM_GETLINK,
-    RTM_NEWLINK,
-    RTM_SETLINK,
-    FakeSocket,
-    ack,
-    fake_rtnl,
-    ifinfomsg,
-    link_message,
-    messages,
-    u32,
-)
+from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.records import AttachmentRecord
+from tenantnet.plugin.system import netlink
+from tenantnet.plugin.tnconf import _vf_settings
 
 NETNS = "/run/netns/pod-a"
-MARK = "tenantnet:mark"
-POD_SIDE = rtnl.LinkChange(name="net1", mac="02:aa:00:00:00:01", mtu=1450, alias=MARK)
 
 
-@pytest.fixture
-def host(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[FakeSocket, rtnl.Rtnl]]]:
-    """The host socket (and the pod's netns fd) move_into_pod gets: set `[0]` to a fake_rtnl."""
-    made: list[tuple[FakeSocket, rtnl.Rtnl]] = []
-    writers: list[int] = []
-
-    def open_netns_fd(path: str) -> int:
-        # A pipe's read end stands in for the netns fd: once it is closed, writing fails.
-        assert path == NETNS
-        read_end, write_end = os.pipe()
-        writers.append(write_end)
-        return read_end
-
-    monkeypatch.setattr(vf, "open_netns_fd", open_netns_fd)
-    monkeypatch.setattr(vf.rtnl, "host", lambda: made[0][1])
-    yield made
-    assert len(writers) == 1
-    with pytest.raises(BrokenPipeError):
-        os.write(writers[0], b"x")  # the netns fd was closed, whatever happened
-    os.close(writers[0])
+def test_a_netdev_comes_home_as_it_was() -> None:
+    was = vf.NetdevState("ens1f0v2", mac="02:00:00:00:00:07", mtu=1500, up=True, alias="was")
+    assert vf.netdev_home(was) == netlink.LinkChange(mac="02:00:00:00:00:07", mtu=1500, up=True, alias="was")
+    # A MAC or MTU not read is left as it is; nothing known at all: down and unmarked.
+    assert vf.netdev_home(vf.NetdevState("ens1f0v2")) == netlink.LinkChange(up=False, alias="")
+    assert vf.netdev_home(None) == vf.UNKNOWN_NETDEV_HOME == netlink.LinkChange(up=False, alias="")
 
 
-def link_found(index: int, name: str, *, up: bool = False, alias: str | None = None
-               ) -> list[tuple[int, int, bytes]]:
-    return [(RTM_NEWLINK, 0, link_message(index, name, up=up, alias=alias))]
+class AppliedAtThePf:
+    """The PF takes every VF setting."""
+
+    def apply(self, *args: Any) -> None:
+        pass
 
 
-def test_move_into_pod_is_one_lookup_and_one_setlink(host: list) -> None:
-    host.append(fake_rtnl(link_found(12, "ens1f0v2"), ack()))
-    vf.move_into_pod("ens1f0v2", NETNS, POD_SIDE)
-    lookup, move = messages(host[0][0])
-    assert lookup.type == RTM_GETLINK and ifinfomsg(lookup.body)[1] == {IFLA_IFNAME: b"ens1f0v2\0"}
-    header, attrs = ifinfomsg(move.body)
-    assert move.type == RTM_SETLINK and header == (AF_UNSPEC, 0, 12, 0, 0)  # left down: the core brings it up
-    assert set(attrs) == {IFLA_NET_NS_FD, IFLA_IFNAME, IFLA_ADDRESS, IFLA_MTU, IFLA_IFALIAS}
-    assert (attrs[IFLA_IFNAME], attrs[IFLA_MTU], attrs[IFLA_IFALIAS]) == (b"net1\0", u32(1450), b"tenantnet:mark")
+def test_the_pod_ifname_taken_is_the_runtimes_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    moves: list[tuple[str, str, netlink.LinkChange]] = []
 
+    def name_taken(name: str, netns_path: str, pod_side: netlink.LinkChange) -> None:
+        moves.append((name, netns_path, pod_side))
+        raise netlink.NameTakenInPod(f"configuring {name} in {netns_path}: File exists", errno.EEXIST)
 
-def test_a_netdev_not_in_the_host_is_not_found(host: list) -> None:
-    host.append(fake_rtnl(ack(errno.ENODEV)))
-    with pytest.raises(netlink.LinkNotFound, match="link ens1f0v2 not found in the host namespace"):
-        vf.move_into_pod("ens1f0v2", NETNS, POD_SIDE)
-
-
-def test_a_refused_move_is_worded_as_the_move(host: list) -> None:
-    # Both the netdev's name and the ifname are taken in the pod: nothing moved.
-    host.append(fake_rtnl(link_found(12, "ens1f0v2"), ack(errno.EEXIST), link_found(12, "ens1f0v2")))
-    with pytest.raises(netlink.LinkExists) as exc:
-        vf.move_into_pod("ens1f0v2", NETNS, POD_SIDE)
-    assert str(exc.value) == f"moving ens1f0v2 into {NETNS}: File exists"
-
-
-def test_the_pod_ifname_taken_is_the_runtimes_error(host: list) -> None:
-    # Moved under its own name, then the rename refused: as before, CNI code 4.
-    host.append(fake_rtnl(link_found(12, "ens1f0v2"), ack(errno.EEXIST), ack(errno.ENODEV)))
+    monkeypatch.setattr(netlink, "move_into_pod", name_taken)
+    driver = vf.VfDriver(NodeConfig())
+    driver._control = AppliedAtThePf()  # type: ignore[assignment]
+    plan = vf.VfPlan(device_id="0000:3b:00.2", pf="ens1f0", vf_index=2,
+                     original=vf.VfOriginal(vf.SAFE_VF_STATE, vf.NetdevState("ens1f0v2")))
+    record = AttachmentRecord(network="rail", container_id="c1", ifname="net1", mode="sriov", netns=NETNS,
+                              plan=plan, progress=set())
+    settings = _vf_settings(parse_netconf({"cniVersion": "1.0.0", "name": "rail", "type": "tenantnet",
+                                           "mode": "sriov", "deviceID": "0000:3b:00.2"}))
     with pytest.raises(CniError) as exc:
-        vf.move_into_pod("ens1f0v2", NETNS, POD_SIDE)
+        driver.attach(record, SimpleNamespace(vf=settings, mac=None))  # type: ignore[arg-type]
     assert exc.value.code == Code.INVALID_ENV
     assert exc.value.msg == f"invalid CNI_IFNAME='net1': an interface of that name already exists in {NETNS}"
-
-
-def test_a_refused_configuration_after_the_move_is_worded_as_it(host: list) -> None:
-    host.append(fake_rtnl(link_found(12, "ens1f0v2"), ack(errno.EPERM), ack(errno.ENODEV)))
-    with pytest.raises(netlink.NetlinkProblem) as exc:
-        vf.move_into_pod("ens1f0v2", NETNS, POD_SIDE)
-    assert str(exc.value) == f"configuring ens1f0v2 in {NETNS}: Operation not permitted"
-    assert exc.value.errno == errno.EPERM
-
-
-@pytest.fixture
-def pod(monkeypatch: pytest.MonkeyPatch) -> list[tuple[FakeSocket, rtnl.Rtnl]]:
-    """The socket in the pod return_from_pod gets: set `[0]` to a fake_rtnl."""
-    made: list[tuple[FakeSocket, rtnl.Rtnl]] = []
-
-    def open_rtnl(path: str) -> rtnl.Rtnl:
-        assert path == NETNS
-        return made[0][1]
-
-    monkeypatch.setattr(vf, "open_rtnl", open_rtnl)
-    return made
-
-
-def test_return_from_pod_is_one_lookup_and_one_setlink(pod: list) -> None:
-    pod.append(fake_rtnl(link_found(3, "net1", up=True, alias=MARK), ack()))
-    home = vf.netdev_home(vf.NetdevState("ens1f0v2", mac="02:00:00:00:00:07", mtu=1500, up=True, alias="was"))
-    assert vf.return_from_pod(NETNS, "net1", "ens1f0v2", home, MARK) is True
-    lookup, move = messages(pod[0][0])
-    assert ifinfomsg(lookup.body)[1] == {IFLA_IFNAME: b"net1\0"}
-    assert ifinfomsg(move.body) == ((AF_UNSPEC, 0, 3, IFF_UP, IFF_UP), {
-        IFLA_NET_NS_PID: u32(os.getpid()), IFLA_IFNAME: b"ens1f0v2\0",
-        IFLA_ADDRESS: bytes.fromhex("020000000007"), IFLA_MTU: u32(1500), IFLA_IFALIAS: b"was"})
-
-
-def test_return_from_pod_of_an_unknown_netdev_comes_home_down_and_unmarked(pod: list) -> None:
-    pod.append(fake_rtnl(link_found(3, "net1", up=True), ack()))
-    assert vf.return_from_pod(NETNS, "net1", "net1", vf.netdev_home(None), MARK) is True
-    _, move = messages(pod[0][0])
-    assert ifinfomsg(move.body) == ((AF_UNSPEC, 0, 3, 0, IFF_UP), {
-        IFLA_NET_NS_PID: u32(os.getpid()), IFLA_IFNAME: b"net1\0", IFLA_IFALIAS: b""})
-
-
-def test_return_from_pod_without_the_vf_is_false(pod: list) -> None:
-    pod.append(fake_rtnl(ack(errno.ENODEV), ack(errno.ENODEV)))
-    assert vf.return_from_pod(NETNS, "net1", "ens1f0v2", vf.UNKNOWN_NETDEV_HOME, MARK) is False
-    assert [ifinfomsg(m.body)[1] for m in messages(pod[0][0])] == [{IFLA_IFNAME: b"net1\0"},
-                                                                   {IFLA_IFNAME: b"ens1f0v2\0"}]
-
-
-@pytest.mark.parametrize(("lookups", "taken"), [
-    # The pod's own net1 (unmarked) and the VF under its own name beside it (its rename was
-    # refused): the VF goes, net1 stays.
-    ([link_found(3, "net1", alias="the pod's"), link_found(9, "ens1f0v2")], 9),
-    # The VF under its own name only (never renamed).
-    ([ack(errno.ENODEV), link_found(9, "ens1f0v2")], 9),
-    # An unmarked net1 alone: taken, as ever (a mark can be cleared inside the pod).
-    ([link_found(3, "net1"), ack(errno.ENODEV)], 3),
-])
-def test_return_from_pod_takes_the_vf_not_an_unmarked_namesake(pod: list, lookups: list, taken: int) -> None:
-    pod.append(fake_rtnl(*lookups, ack()))
-    assert vf.return_from_pod(NETNS, "net1", "ens1f0v2", vf.UNKNOWN_NETDEV_HOME, MARK) is True
-    *_, move = messages(pod[0][0])
-    assert move.type == RTM_SETLINK and ifinfomsg(move.body)[0][2] == taken
-
-
-@pytest.mark.parametrize(("moved", "wording"), [
-    (False, f"returning net1 from {NETNS} to the host as ens1f0v2: File exists"),
-    (True, "configuring host link ens1f0v2: File exists"),
-])
-def test_return_from_pod_refusals_are_worded_by_the_part_refused(pod: list, moved: bool, wording: str) -> None:
-    pod.append(fake_rtnl(link_found(3, "net1", alias=MARK), ack(errno.EEXIST),
-                         ack(errno.ENODEV) if moved else link_found(3, "net1", alias=MARK)))
-    with pytest.raises(netlink.LinkExists) as exc:
-        vf.return_from_pod(NETNS, "net1", "ens1f0v2", vf.UNKNOWN_NETDEV_HOME, MARK)
-    assert str(exc.value) == wording
+    assert [(name, path, pod_side.name) for name, path, pod_side in moves] == [("ens1f0v2", NETNS, "net1")]
+    # The VF is left in the pod under its host name: the rollback brings it home.
+    assert record.progress == {vf.STEP_VF, vf.STEP_NETDEV}

@@ -13,7 +13,6 @@ or, with no record at all, to safe defaults (spoofchk on, trust off, no VLAN, no
 from __future__ import annotations
 
 import dataclasses
-import errno
 import fcntl
 import os
 from collections.abc import Iterator
@@ -28,8 +27,8 @@ from tenantnet.plugin.drivers import railfit
 from tenantnet.plugin.drivers.base import Attached, Driver, owner_mark
 from tenantnet.plugin.drivers.railfit import RailFit
 from tenantnet.plugin.records import AttachmentRecord, CorruptRecord, Plan, RecordStore
-from tenantnet.plugin.system import netlink, rdmacontrol, rtnl, vfcontrol
-from tenantnet.plugin.system.netns import netns_exists, open_netns_fd, open_rtnl
+from tenantnet.plugin.system import netlink, rdmacontrol, vfcontrol
+from tenantnet.plugin.system.netns import netns_exists
 from tenantnet.plugin.system.rdmacontrol import RdmaControl
 from tenantnet.plugin.system.sysfs import Sysfs, SysfsError, VirtualFunction
 from tenantnet.plugin.system.vfcontrol import VfAttributeRefused, VfControl
@@ -65,14 +64,15 @@ class NetdevState:
 
 
 # How a VF netdev comes home when nothing says what it was: down and unmarked.
-UNKNOWN_NETDEV_HOME = rtnl.LinkChange(up=False, alias="")
+UNKNOWN_NETDEV_HOME = netlink.LinkChange(up=False, alias="")
 
 
-def netdev_home(netdev: NetdevState | None) -> rtnl.LinkChange:
+def netdev_home(netdev: NetdevState | None) -> netlink.LinkChange:
     """What puts a VF netdev back as it was in the host (a MAC or MTU not read is left alone)."""
     if netdev is None:
         return UNKNOWN_NETDEV_HOME
-    return rtnl.LinkChange(mac=netdev.mac or None, mtu=netdev.mtu or None, up=netdev.up, alias=netdev.alias)
+    return netlink.LinkChange(mac=netdev.mac or None, mtu=netdev.mtu or None, up=netdev.up,
+                              alias=netdev.alias)
 
 
 @dataclass
@@ -371,9 +371,14 @@ class VfDriver(Driver):
                             device_info=info)
         assert plan.original is not None and plan.original.netdev is not None
         record.mark(STEP_NETDEV)
-        move_into_pod(plan.original.netdev.name, record.netns, rtnl.LinkChange(
-            name=record.ifname, mac=conf.mac, mtu=conf.vf.mtu if conf.vf else None,
-            alias=owner_mark(record.network, record.container_id, record.ifname)))
+        try:
+            netlink.move_into_pod(plan.original.netdev.name, record.netns, netlink.LinkChange(
+                name=record.ifname, mac=conf.mac, mtu=conf.vf.mtu if conf.vf else None,
+                alias=owner_mark(record.network, record.container_id, record.ifname)))
+        except netlink.NameTakenInPod:
+            # The VF stays in the pod under its host name, where the rollback finds it.
+            raise CniError(Code.INVALID_ENV, f"invalid CNI_IFNAME={record.ifname!r}: an interface of that "
+                                             f"name already exists in {record.netns}") from None
         faults.step("sriov.netdev-moved")
         if plan.rdma and plan.rdma_isolated:
             # After the netdev (the pod sees its interface first), recorded before it moves.
@@ -435,8 +440,8 @@ class VfDriver(Driver):
         host_name = netdev.name if netdev else None
         in_pod = record.netns and netns_exists(record.netns)
         mark = owner_mark(record.network, record.container_id, record.ifname)
-        if in_pod and return_from_pod(record.netns, record.ifname, host_name or record.ifname,
-                                      netdev_home(netdev), mark):
+        if in_pod and netlink.return_from_pod(record.netns, record.ifname, host_name or record.ifname,
+                                              netdev_home(netdev), mark):
             return
         # Not in the pod: the netns is gone (the kernel returned the VF), or the move never
         # happened. Find the VF's netdev by its PCI address.
@@ -478,60 +483,6 @@ class VfDriver(Driver):
                 drift.append(f"VF {plan.device_id} {label} is {_show(field, live)}, "
                              f"expected {_show(field, want[0])}")
         return drift
-
-
-def move_into_pod(name: str, netns_path: str, pod_side: rtnl.LinkChange) -> None:
-    """Move the VF's host netdev `name` into the pod and configure it there (`pod_side`: its
-    name in the pod, MAC, MTU, ownership mark) with one request on the host socket: no
-    namespace socket, and no separate down, rename, MAC, MTU and alias requests after the move
-    (rtnl.Rtnl.move_link). It stays down: the core brings it up with its addresses.
-
-    A refusal is worded as the move's or as the configuration's, whichever part the kernel
-    refused; after the move only the rename can find its name taken (the pod's ifname)."""
-    fd = open_netns_fd(netns_path)
-    try:
-        link = netlink.host_link(name)  # which also makes sure this thread is in the host namespace
-        if link is None:
-            raise netlink.LinkNotFound(f"link {name} not found in the host namespace", errno.ENODEV)
-        with netlink.translated(f"moving {name} into {netns_path}"):
-            try:
-                rtnl.host().move_link(link.index, pod_side, netns_fd=fd)
-                return
-            except rtnl.MovedUnconfigured as exc:
-                refused = exc
-    finally:
-        os.close(fd)
-    if refused.errno == errno.EEXIST:
-        raise CniError(Code.INVALID_ENV, f"invalid CNI_IFNAME={pod_side.name!r}: an interface of that name "
-                                         f"already exists in {netns_path}")
-    with netlink.translated(f"configuring {name} in {netns_path}"):
-        raise refused
-
-
-def return_from_pod(netns_path: str, ifname: str, host_name: str, home: rtnl.LinkChange, mark: str) -> bool:
-    """Send the VF's netdev from the pod back to the host as `host_name`, put back as it was
-    there (`home`), with one request on a socket in the pod (rtnl.Rtnl.move_link: the move
-    closes it, so the rename needs no down of its own); False if it is not in the pod.
-
-    The VF is `ifname` when that carries this attachment's `mark`. Otherwise a VF still named
-    `host_name` in the pod is it: its rename into `ifname` was refused (the name was the pod's
-    own interface's, which must stay where it is). An unmarked `ifname` alone is taken, as
-    ever (its mark can be cleared from inside the pod)."""
-    with open_rtnl(netns_path) as rt, \
-            netlink.translated(f"returning {ifname} from {netns_path} to the host as {host_name}"):
-        link = rt.link(ifname)
-        if (link is None or link.alias != mark) and host_name != ifname:
-            link = rt.link(host_name) or link
-        if link is None:
-            return False
-        try:
-            # The process's namespace is the host's: its main thread never leaves it.
-            rt.move_link(link.index, dataclasses.replace(home, name=host_name), netns_pid=os.getpid())
-            return True
-        except rtnl.MovedUnconfigured as exc:
-            refused = exc
-    with netlink.translated(f"configuring host link {host_name}"):
-        raise refused
 
 
 def vf_plan(record: AttachmentRecord) -> VfPlan:

@@ -15,9 +15,10 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar
 
+from tenantnet.plugin.system import rtnl
 from tenantnet.plugin.system.groupcommit import GroupCommit, Pending
 from tenantnet.plugin.system.netns import (
     NETNS_THREAD,
@@ -26,6 +27,9 @@ from tenantnet.plugin.system.netns import (
     open_rtnl,
     run_in_netns,
 )
+
+# What a link move sets on the link: the drivers name it through this module, the one they call.
+from tenantnet.plugin.system.rtnl import LinkChange as LinkChange
 
 T = TypeVar("T")
 
@@ -52,6 +56,11 @@ class NotSupported(NetlinkProblem):
 
 class AddressInUse(NetlinkProblem):
     pass
+
+
+class NameTakenInPod(LinkExists):
+    """`move_into_pod`: the link moved, and the name it was to take in the pod is another
+    link's there; it stays in the pod under the name it had on the host."""
 
 
 _ERRNO_CLASSES: dict[int, type[NetlinkProblem]] = {
@@ -152,8 +161,6 @@ def _require_host_thread() -> None:
 def _host_rtnl() -> Any:
     """This thread's plain rtnetlink socket in the host namespace."""
     _require_host_thread()
-    from tenantnet.plugin.system import rtnl
-
     return rtnl.host()
 
 
@@ -378,3 +385,56 @@ def set_host_link(name: str, *, new_name: str | None = None, mac: str | None = N
         _set(rt, link.index, new_name=new_name, mac=mac, mtu=mtu, up=up, alias=alias)
 
 
+def move_into_pod(name: str, netns_path: str, pod_side: LinkChange) -> None:
+    """Move the host link `name` into the pod and configure it there (`pod_side`: its name in
+    the pod, MAC, MTU, ownership mark) with one request on the host socket: no namespace
+    socket, and no separate down, rename, MAC, MTU and alias requests after the move
+    (rtnl.Rtnl.move_link). It stays down: the core brings it up with its addresses.
+
+    A refusal is worded as the move's or as the configuration's, whichever part the kernel
+    refused; after the move only the rename can find its name taken (NameTakenInPod)."""
+    fd = open_netns_fd(netns_path)
+    try:
+        link = host_link(name)  # which also makes sure this thread is in the host namespace
+        if link is None:
+            raise LinkNotFound(f"link {name} not found in the host namespace", errno.ENODEV)
+        with translated(f"moving {name} into {netns_path}"):
+            try:
+                _host_rtnl().move_link(link.index, pod_side, netns_fd=fd)
+                return
+            except rtnl.MovedUnconfigured as exc:
+                refused = exc
+    finally:
+        os.close(fd)
+    configuring = f"configuring {name} in {netns_path}"
+    if refused.errno == errno.EEXIST:
+        raise NameTakenInPod(f"{configuring}: {refused.strerror}", refused.errno)
+    with translated(configuring):
+        raise refused
+
+
+def return_from_pod(netns_path: str, ifname: str, host_name: str, home: LinkChange, mark: str) -> bool:
+    """Send a link `move_into_pod` moved from the pod back to the host as `host_name`, put
+    back as it was there (`home`), with one request on a socket in the pod
+    (rtnl.Rtnl.move_link: the move closes it, so the rename needs no down of its own); False
+    if it is not in the pod.
+
+    The link is `ifname` when that carries the attachment's `mark`. Otherwise a link still
+    named `host_name` in the pod is it: its rename into `ifname` was refused (NameTakenInPod:
+    the name was the pod's own interface's, which must stay where it is). An unmarked
+    `ifname` alone is taken, as ever (its mark can be cleared from inside the pod)."""
+    with open_rtnl(netns_path) as rt, \
+            translated(f"returning {ifname} from {netns_path} to the host as {host_name}"):
+        link = rt.link(ifname)
+        if (link is None or link.alias != mark) and host_name != ifname:
+            link = rt.link(host_name) or link
+        if link is None:
+            return False
+        try:
+            # The process's namespace is the host's: its main thread never leaves it.
+            rt.move_link(link.index, replace(home, name=host_name), netns_pid=os.getpid())
+            return True
+        except rtnl.MovedUnconfigured as exc:
+            refused = exc
+    with translated(f"configuring host link {host_name}"):
+        raise refused
