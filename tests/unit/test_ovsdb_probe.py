@@ -1,6 +1,7 @@
 """ovsdb.probe (STATUS's OVSDB health check) against stub servers: the OVSDB client's own
 connect and read, so every answer is bounded by the time-out and by MAX_REPLY, and every way a
-server can fail is OvsdbUnavailable with the endpoint named."""
+server can fail is OvsdbUnavailable with the endpoint named; STATUS's message (ovsport.probe)
+names the bound that ran out."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ from typing import Any
 
 import pytest
 
+from cni.errors import CniError, Code
+from tenantnet.plugin.drivers import ovsport
+from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.system import ovsdb
 
 Serve = Callable[[socket.socket, dict[str, Any]], None]
@@ -128,6 +132,21 @@ def test_a_silent_server_is_unavailable_within_the_timeout(stub: Any) -> None:
     with pytest.raises(ovsdb.OvsdbUnavailable, match=f"OVSDB at {s.endpoint} did not answer within 0.3s"):
         ovsdb.probe(s.endpoint, timeout=0.3)
     assert time.monotonic() - start < 2
+
+
+@pytest.mark.parametrize(("ovsdb_timeout", "within"), [
+    (5.0, "within 2s (STATUS's bound; ovsdbTimeout is 5s)"),  # the default node config
+    (0.3, "within 0.3s (ovsdbTimeout)"),
+])
+def test_status_names_the_bound_that_ran_out(stub: Any, ovsdb_timeout: float, within: str) -> None:
+    # STATUS bounds its probe tighter than ovsdbTimeout: the message must not blame that
+    # setting for a bound it did not set.
+    s = stub(lambda conn, request: conn.recv(1))
+    with pytest.raises(CniError) as exc:
+        ovsport.probe(NodeConfig(ovsdb_timeout=ovsdb_timeout), s.endpoint)
+    assert exc.value.code == Code.NOT_AVAILABLE
+    assert exc.value.msg == (f"tenantnet is not available: listing databases: OVSDB at {s.endpoint} "
+                             f"did not answer {within}")
 
 
 def test_a_server_that_streams_forever_is_cut_at_max_reply(stub: Any, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -220,9 +220,12 @@ class Ovsdb:
     """One endpoint: a lazily opened JSON-RPC connection; every read is one `transact` of
     `select`s, every port change one transaction (see the module)."""
 
-    def __init__(self, endpoint: str, timeout: float = 5.0, wait_vswitchd: bool = False) -> None:
+    def __init__(self, endpoint: str, timeout: float = 5.0, wait_vswitchd: bool = False,
+                 timeout_source: str = "ovsdbTimeout") -> None:
         self.endpoint = endpoint
         self.timeout = timeout
+        # What set `timeout`, named where it ran out: the admin looks there to change it.
+        self.timeout_source = timeout_source
         self.wait_vswitchd = wait_vswitchd
         self._sock: socket.socket | None = None
         self._buf = b""
@@ -236,6 +239,10 @@ class Ovsdb:
             self._commit_group, interrupted=_Write.interrupted, max_batch=_MAX_GROUP, gathering=_BURST)
 
     # ---- the connection ------------------------------------------------------------------
+    def _within(self) -> str:
+        """The bound a request ran out of, and what set it."""
+        return f"within {self.timeout:g}s ({self.timeout_source})"
+
     def close(self) -> None:
         with self._io:
             self._rpc_drop()
@@ -268,8 +275,8 @@ class Ovsdb:
             else:
                 raise OvsdbUnavailable(f"OVSDB endpoint {self.endpoint}: only unix: and tcp: are supported")
         except TimeoutError:
-            raise OvsdbUnavailable(f"cannot connect to OVSDB at {self.endpoint}: no answer within "
-                                   f"{self.timeout:g}s (ovsdbTimeout)") from None
+            raise OvsdbUnavailable(f"cannot connect to OVSDB at {self.endpoint}: no answer "
+                                   f"{self._within()}") from None
         except (OSError, ValueError) as exc:
             reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
             raise OvsdbUnavailable(f"cannot connect to OVSDB at {self.endpoint}: {reason}") from None
@@ -277,7 +284,7 @@ class Ovsdb:
         return sock
 
     def _rpc_call(self, what: str, method: str, params: list[Any]) -> Any:
-        """One JSON-RPC request and its reply's `result`, within the node's ovsdbTimeout."""
+        """One JSON-RPC request and its reply's `result`, within `timeout`."""
         with self._io:
             deadline = time.monotonic() + self.timeout
             try:
@@ -298,8 +305,8 @@ class Ovsdb:
                     # A notification or a stale reply: not ours.
             except TimeoutError:
                 self._rpc_drop()
-                raise OvsdbUnavailable(f"{what}: OVSDB at {self.endpoint} did not answer within "
-                                       f"{self.timeout:g}s (ovsdbTimeout)") from None
+                raise OvsdbUnavailable(f"{what}: OVSDB at {self.endpoint} did not answer "
+                                       f"{self._within()}") from None
             except OSError as exc:
                 self._rpc_drop()
                 raise OvsdbUnavailable(f"{what}: OVSDB at {self.endpoint} did not answer: "
@@ -504,8 +511,8 @@ class Ovsdb:
             if cur and int(cur[0]["cur_cfg"]) >= next_cfg:
                 return
             if time.monotonic() > deadline:
-                raise OvsdbUnavailable(f"{what}: ovs-vswitchd did not apply the change within "
-                                       f"{self.timeout:g}s (ovsdbTimeout); is ovs-vswitchd running?")
+                raise OvsdbUnavailable(f"{what}: ovs-vswitchd did not apply the change "
+                                       f"{self._within()}; is ovs-vswitchd running?")
             time.sleep(pause)
             pause = min(pause * 2, 0.01)
 
@@ -613,12 +620,13 @@ class Ovsdb:
         raise OvsdbUnavailable(f"{what}: the port kept changing in OVSDB at {self.endpoint}; try again")
 
 
-def probe(endpoint: str, timeout: float = 1.0) -> None:
+def probe(endpoint: str, timeout: float = 1.0, timeout_source: str = "the probe's time-out") -> None:
     """Fail fast (OvsdbUnavailable) unless an OVSDB server answers `list_dbs` at `endpoint`,
     naming Open_vSwitch: STATUS's health check. Through a client of its own, closed at once:
     STATUS does not queue behind the requests on the process's shared handle, and is bounded
-    by its own `timeout` (the reply, as every reply, by MAX_REPLY)."""
-    db = Ovsdb(endpoint, timeout)
+    by its own `timeout` (the reply, as every reply, by MAX_REPLY), which a time-out's message
+    says `timeout_source` set."""
+    db = Ovsdb(endpoint, timeout, timeout_source=timeout_source)
     try:
         databases = db._rpc_call("listing databases", "list_dbs", [])
     except OvsdbFailure:  # an error for an answer: not the Open_vSwitch database's server
