@@ -8,9 +8,10 @@
  *
  * Everything else is handed to the Python shim, `<dir of this binary>/<name>-shim`, by
  * execve, with the stdin bytes already read given back on fd 0 (a memfd):
- *   - no agent (connect: ENOENT, ENOTDIR, ECONNREFUSED, EACCES) or stdin over the limit:
+ *   - no agent (connect: ENOENT, ENOTDIR, ECONNREFUSED, EACCES), a socket served by a uid
+ *     neither root nor ours (SO_PEERCRED: nothing is sent to it), or stdin over the limit:
  *     the environment unchanged; the Python shim decides (in-process run, STATUS code 50,
- *     the code-6 refusal) exactly as without this program;
+ *     the code-6 refusal, the warning line for the wrong uid) exactly as without this program;
  *   - the agent failed once the connection was attempted (time-out, EOF, short or garbled
  *     answer, other connect errors): TENANTNET_SHIM_FAILURE=<reason> is added, and the Python
  *     shim prints the code-11 error for it without contacting an agent: the agent may still
@@ -470,6 +471,14 @@ int main(int argc, char **argv) {
     }
     if (err) /* EAGAIN included: a full backlog refuses a non-blocking connect, as in Python */
         failed(&sock, "cannot reach the tenantnet agent at %s: %s", strerror(err), timeout);
+    /* Who serves the socket (its uid at listen()): root or our own uid, as the agent demands
+     * of its callers; anyone else gets nothing of the environment or stdin. */
+    struct ucred peer;
+    socklen_t pl = sizeof peer;
+    if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &peer, &pl) < 0 || (peer.uid != 0 && peer.uid != geteuid())) {
+        close(fd);
+        hand_off(NULL); /* shim.AgentUntrusted: the Python shim checks again, says so, runs in-process */
+    }
 
     for (char *p = req; p < req + total;) {
         ssize_t s = send(fd, p, (size_t)(req + total - p), MSG_NOSIGNAL);
@@ -503,13 +512,13 @@ int main(int argc, char **argv) {
     if (n < sizeof MAGIC || memcmp(p, MAGIC, sizeof MAGIC) != 0) /* sizeof: with its NUL */
         failed(&sock, WENT_AWAY, "ValueError: not a tenantnet/1 answer", timeout);
     p += sizeof MAGIC;
-    if (field(&p, end, &code, 1) < 0 || field(&p, end, &outlen, 0) < 0 || outlen > end - p ||
-        code < INT_MIN || code > INT_MAX)
+    if (field(&p, end, &code, 1) < 0 || field(&p, end, &outlen, 0) < 0 || outlen > end - p)
         failed(&sock, WENT_AWAY, "ValueError: garbled answer frame", timeout);
 
     signal(SIGPIPE, SIG_IGN); /* a caller gone away: an error from write, not a signal */
     if (write_all(1, p, (size_t)outlen) < 0)
         _exit(1);
     write_all(2, p + outlen, (size_t)(end - p - outlen));
-    _exit((int)code);
+    /* shim.exit_status: the exit status is 8 bits, and 256 or -256 must not exit 0. */
+    _exit(code >= 0 && code <= 255 ? (int)code : 1);
 }

@@ -6,9 +6,13 @@ in-process". It imports **only the standard library**, and only cheap parts of i
 reaches the agent costs the interpreter start plus a few hundred microseconds, instead of
 the ≈ 180 ms of imports and the OVSDB connect of the in-process plugin (docs/agent.md).
 
-    agent answers              → print its stdout/stderr, exit with its code
+    agent answers              → print its stdout/stderr, exit with its code (`exit_status`:
+                                 a code outside 0..255 exits 1, never 0 by truncation)
     no agent (no socket file,
-      connection refused)      → run the same request in-process (slower, same result)
+      connection refused), or
+      the socket served by a
+      uid neither root nor ours → run the same request in-process (slower, same result);
+                                 for the wrong uid nothing is sent, and one line on stderr
     agent stalls / goes away   → CNI error 11 (try again later) after a bounded time-out;
                                  never a hang, never a second execution next to a live agent
 
@@ -34,6 +38,7 @@ untouched. See docs/agent.md.
 from __future__ import annotations
 
 import _socket  # the C module: `socket` would pull in enum & co. for nothing we use here
+import posix  # builtin, already loaded by the interpreter's start: free
 import sys
 import time  # built into the interpreter: free
 
@@ -71,6 +76,11 @@ _NO_AGENT = {2, 20, 111, 13}  # ENOENT, ENOTDIR, ECONNREFUSED, EACCES
 
 class AgentUnavailable(Exception):
     """No agent listens on the socket (the caller may run the request in-process)."""
+
+
+class AgentUntrusted(AgentUnavailable):
+    """The socket is served by a process whose uid is neither root nor ours: not our agent
+    (a socket path misconfigured into a shared directory, a squatter). Nothing was sent."""
 
 
 class AgentFailed(Exception):
@@ -117,11 +127,29 @@ def encode_response(code: int, stdout: bytes, stderr: bytes = b"") -> bytes:
 
 
 def decode_response(payload: bytes) -> tuple[int, bytes, bytes]:
+    """(code, stdout, stderr); ValueError if malformed. The numbers are read as the
+    trampoline reads them: ASCII digits only (at most 12), a '-' allowed before the code."""
     magic, code, length, rest = payload.split(b"\0", 3)
     if magic != MAGIC:
         raise ValueError(f"unknown protocol {magic[:20]!r}")
-    n = int(length)
-    return int(code), rest[:n], rest[n:]
+    n = _decimal(length, signed=False)
+    if n > len(rest):
+        raise ValueError("garbled answer frame")
+    return _decimal(code, signed=True), rest[:n], rest[n:]
+
+
+def _decimal(field: bytes, *, signed: bool) -> int:
+    digits = field[1:] if signed and field[:1] == b"-" else field
+    if not 0 < len(digits) <= 12 or not digits.isdigit():  # bytes.isdigit: ASCII only
+        raise ValueError("garbled answer frame")
+    return int(field)
+
+
+def exit_status(code: int) -> int:
+    """The exit status for an answer's `code`: the code itself in 0..255, else 1. An exit
+    status is the code's low 8 bits, so 256 or -256 would exit 0 — a failure must never
+    read as a success. The trampoline applies the same rule."""
+    return code if 0 <= code <= 255 else 1
 
 
 def frame(payload: bytes) -> bytes:
@@ -154,7 +182,8 @@ def ask(socket_path: str, plugin: str, environ: dict[bytes, bytes], stdin: bytes
         timeout: float) -> tuple[int, bytes, bytes]:
     """Send one request; (code, stdout, stderr) of the agent's answer.
 
-    Raises AgentUnavailable before anything was sent, AgentFailed after.
+    Raises AgentUnavailable before anything was sent (AgentUntrusted when the socket is
+    served by a uid neither root nor ours), AgentFailed after.
     """
     deadline = time.monotonic() + timeout
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -169,6 +198,7 @@ def ask(socket_path: str, plugin: str, environ: dict[bytes, bytes], stdin: bytes
             if exc.errno in _NO_AGENT:
                 raise AgentUnavailable(f"no tenantnet agent at {socket_path}: {exc.strerror}") from None
             raise AgentFailed(f"cannot reach the tenantnet agent at {socket_path}: {exc.strerror}") from None
+        _check_peer(sock, socket_path)
         try:
             sock.sendall(frame(encode_request(plugin, environ, stdin, deadline)))
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -181,6 +211,22 @@ def ask(socket_path: str, plugin: str, environ: dict[bytes, bytes], stdin: bytes
                               f"({type(exc).__name__}: {exc})") from None
     finally:
         sock.close()
+
+
+def _check_peer(sock: object, socket_path: str) -> None:
+    """AgentUntrusted unless the process serving the socket (SO_PEERCRED: its uid when it
+    called listen) is root or runs as our own uid — the agent's rule for its callers, turned
+    around. The environment and stdin are not sent anywhere else."""
+    own = posix.geteuid()
+    try:
+        creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # type: ignore[attr-defined]
+        uid = int.from_bytes(creds[4:8], sys.byteorder)  # struct ucred {pid, uid, gid}
+    except (OSError, ValueError) as exc:
+        raise AgentUntrusted(f"cannot tell who serves {socket_path} ({exc}): "
+                             "nothing was sent to it") from None
+    if uid not in (0, own):
+        raise AgentUntrusted(f"the socket {socket_path} is served by uid {uid}, neither root nor uid {own} "
+                             "(not the tenantnet agent): nothing was sent to it")
 
 
 def error_json(stdin: bytes, code: int, msg: str, details: str = "") -> bytes:
@@ -252,10 +298,15 @@ def run(plugin: str, in_process: InProcess) -> int:
     forwarded.pop(FAILURE_ENV, None)
     try:
         code, out, err = ask(socket_path, plugin, forwarded, stdin, timeout_of(environ))
+        code = exit_status(code)
         _served_by_agent = True
     except AgentFailed as exc:
         code, out, err = 1, error_json(stdin, TRY_AGAIN_LATER, str(exc), RETRY_DETAILS), b""
     except AgentUnavailable as exc:
+        if isinstance(exc, AgentUntrusted):
+            # The one line a warning gets on stderr (as oneshotlog.one_line writes it).
+            sys.stderr.write(f"tenantnet: warning: agent.untrusted_socket: {exc}\n")
+            sys.stderr.flush()
         if declared and environ.get(b"CNI_COMMAND") == b"STATUS":
             # The node config declares an agent: its absence is what STATUS is for, even
             # though ADD/DEL would still work (slowly) in-process. docs/agent.md explains.

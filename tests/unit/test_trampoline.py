@@ -400,3 +400,105 @@ def test_a_missing_shim_is_a_clear_error(tmp_path, answer):
     err = json.loads(proc.stdout)
     assert proc.returncode == 1 and err["code"] == 5
     assert f"{lone}-shim" in err["msg"] and "No such file or directory" in err["msg"] and "not installed" in err["msg"]
+
+
+# ---- the exit status and who serves the socket (issue 26) -------------------------------------
+
+@pytest.mark.parametrize("code", [256, -256, 512, -1, 65280, 10**11, -(10**11)])
+def test_an_answer_code_no_exit_status_can_carry_exits_1_both_ways(tmp_path, code):
+    """An exit status is the code's low 8 bits: 256 would exit 0. Any code outside 0..255 is
+    a failure: exit 1 (shim.exit_status), the answer printed as it came."""
+    agent = StubAgent(str(tmp_path / "agent.sock"), lambda c: None)
+    agent.behaviour = answering(stub_out=b'{"code": 7}\n', code=code, err=b"e\n")(agent)
+    try:
+        conf = node_config(tmp_path, f"agentSocket: {agent.path}")
+        env = {**BASE, "TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "ADD"}
+        for way in WAYS:
+            proc = run(way, env, b"{}")
+            assert (proc.returncode, proc.stdout, proc.stderr) == (1, b'{"code": 7}\n', b"e\n"), way
+        assert len(agent.requests) == 2
+    finally:
+        agent.close()
+
+
+@pytest.mark.parametrize("code,length", [(b"1" * 13, b"0"), (b"+1", b"0"), (b" 1", b"0"), (b"1_0", b"0"),
+                                         (b"-", b"0"), (b"", b"0"), (b"0", b"-0"), (b"0", b"5")])
+def test_a_garbled_code_or_length_is_the_same_failure_both_ways(tmp_path, code, length):
+    """The Python shim reads the answer's numbers as the trampoline does (int() alone took
+    ' 1', '+1', '1_0' and any number of digits, and a length past the end)."""
+    with pytest.raises(ValueError, match="garbled answer frame"):
+        shim.decode_response(b"tenantnet/1\0" + code + b"\0" + length + b"\0ab")
+
+    def behave(conn: socket.socket) -> None:
+        shim.recv_frame(conn)
+        conn.sendall(shim.frame(b"tenantnet/1\0" + code + b"\0" + length + b"\0ab"))
+        conn.close()
+
+    agent = StubAgent(str(tmp_path / "agent.sock"), behave)
+    try:
+        conf = node_config(tmp_path, f"agentSocket: {agent.path}")
+        got = [run(way, {**BASE, "TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "ADD"}, b"{}") for way in WAYS]
+        assert got[0].stdout == got[1].stdout and got[0].returncode == got[1].returncode == 1
+        err = json.loads(got[0].stdout)
+        assert err["code"] == 11 and "(ValueError: garbled answer frame)" in err["msg"], err
+    finally:
+        agent.close()
+
+
+NOBODY = 65534
+# A listener that runs as `nobody` on a socket the test bound (SO_PEERCRED reports the uid
+# at listen()); one line per connection: how many bytes it received. "END" stops it.
+FOREIGN_AGENT = r"""
+import os, socket, sys
+s = socket.socket(fileno=int(sys.argv[1]))
+s.listen(8)
+print("ready", os.geteuid(), flush=True)
+while True:
+    conn, _ = s.accept()
+    conn.settimeout(20)
+    data = b""
+    while chunk := conn.recv(65536):
+        data += chunk
+    if data == b"END":
+        break
+    print(len(data), flush=True)
+    conn.close()
+"""
+
+
+def test_a_socket_served_by_another_uid_is_sent_nothing_and_the_call_runs_in_process(tmp_path):
+    if os.geteuid() != 0:
+        pytest.fail("needs root: the foreign listener runs as nobody", pytrace=False)
+    path = str(tmp_path / "agent.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    python = "/usr/bin/python3" if os.path.exists("/usr/bin/python3") else sys.executable
+    foreign = subprocess.Popen([python, "-I", "-S", "-c", FOREIGN_AGENT, str(listener.fileno())],
+                               pass_fds=(listener.fileno(),), user=NOBODY, group=NOBODY, extra_groups=[],
+                               stdout=subprocess.PIPE, text=True)
+    listener.close()
+    try:
+        assert foreign.stdout is not None and foreign.stdout.readline() == f"ready {NOBODY}\n"
+        conf = node_config(tmp_path, f"agentSocket: {path}")
+        env = {**BASE, "TENANTNET_CONFIG": str(conf), "CNI_COMMAND": "VERSION"}
+        secret = b'{"cniVersion": "1.0.0", "secret": "s3cr3t"}'
+        warning = f"tenantnet: warning: agent.untrusted_socket: the socket {path} is served by uid {NOBODY}, "
+        for way in WAYS:
+            proc = run(way, {**env, "CNI_ARGS": "K8S_POD_NAME=p"}, secret)
+            assert proc.returncode == 0 and json.loads(proc.stdout)["supportedVersions"], (way, proc)
+            assert proc.stderr.decode().startswith(warning) and proc.stderr.count(b"\n") == 1, proc.stderr
+        # A node config that declares the agent: STATUS says it is not available (code 50).
+        proc = run("trampoline", {**env, "CNI_COMMAND": "STATUS"}, b'{"cniVersion": "1.1.0", "name": "n", "type": "tenantnet"}')
+        err = json.loads(proc.stdout)
+        assert proc.returncode == 1 and err["code"] == 50 and f"served by uid {NOBODY}" in err["msg"], err
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as end:
+            end.connect(path)
+            end.sendall(b"END")
+        assert foreign.wait(timeout=30) == 0
+        received = foreign.stdout.read().split()
+        # Connected to (each way, the trampoline then the shim it hands over to), sent nothing.
+        assert len(received) == 5 and set(received) == {"0"}, received
+    finally:
+        if foreign.poll() is None:
+            foreign.kill()
+            foreign.wait()
