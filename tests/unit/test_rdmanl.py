@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from cni.errors import CniError
-from tenantnet.plugin.system import rdmacontrol, rdmanl
+from tenantnet.plugin.system import nlframing, rdmacontrol, rdmanl
 from tenantnet.plugin.system.rdmacontrol import (
     NetlinkRdmaControl,
     NetnsId,
@@ -73,7 +73,7 @@ def test_constants_are_the_headers() -> None:
     assert [rdmanl.nldev_type(c) for c in (1, 2, 6, 7)] == [T_GET, T_SET, T_SYS_GET, T_SYS_SET]
     assert (rdmanl.RDMA_NLDEV_ATTR_DEV_INDEX, rdmanl.RDMA_NLDEV_ATTR_DEV_NAME,
             rdmanl.RDMA_NLDEV_SYS_ATTR_NETNS_MODE, rdmanl.RDMA_NLDEV_NET_NS_FD) == (1, 2, 66, 68)
-    assert (rdmanl.NLM_F_DUMP, rdmanl.NLM_F_CAPPED, rdmanl.NLM_F_ACK_TLVS) == (0x300, 0x100, 0x200)
+    assert (nlframing.NLM_F_DUMP, nlframing.NLM_F_CAPPED, nlframing.NLM_F_ACK_TLVS) == (0x300, 0x100, 0x200)
     # iproute2 rdma/sys.c: netns_modes_str[] = { "exclusive", "shared" }
     assert rdmanl.NETNS_MODES == {0: "exclusive", 1: "shared"}
 

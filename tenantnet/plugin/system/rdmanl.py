@@ -1,8 +1,8 @@
 """RDMA netlink (NETLINK_RDMA, the `nldev` client): the subsystem's netns mode, the RDMA
 devices of a namespace, and moving a device to another network namespace.
 
-A plain socket of our own and a handful of fixed messages encoded with `struct`, as in
-`tenantnet.plugin.system.rtnl`: what `rdma system show`, `rdma dev show` and
+A plain socket of our own and a handful of fixed messages encoded with `struct`, framed by
+`tenantnet.plugin.system.nlframing` (as `rtnl` is): what `rdma system show`, `rdma dev show` and
 `rdma dev set <dev> netns <ns>` (iproute2) send. The encoders are pure functions returning
 the bytes; the decoders read answers from bytes; `RdmaNetlink` only sends and receives.
 
@@ -41,22 +41,18 @@ import errno
 import os
 import socket
 import struct
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import NamedTuple, TypeVar
 
+from tenantnet.plugin.system import nlframing
 from tenantnet.plugin.system.netns import _in_thread_inside, open_netns_fd
+from tenantnet.plugin.system.nlframing import NLM_F_ACK, NLM_F_DUMP, NLM_F_REQUEST, NetlinkError, nla, text
 
 T = TypeVar("T")
 
 NETLINK_RDMA = 20
 SOL_NETLINK = 270  # bits/socket.h; not exported by Python's socket module
 NETLINK_CAP_ACK, NETLINK_EXT_ACK = 10, 11
-# include/uapi/linux/netlink.h
-NLMSG_ERROR, NLMSG_DONE = 2, 3
-NLM_F_REQUEST, NLM_F_MULTI, NLM_F_ACK = 0x1, 0x2, 0x4
-NLM_F_DUMP = 0x300  # NLM_F_ROOT | NLM_F_MATCH
-NLM_F_CAPPED, NLM_F_ACK_TLVS = 0x100, 0x200  # in an NLMSG_ERROR's flags
-NLMSGERR_ATTR_MSG = 1
 # include/uapi/rdma/rdma_netlink.h
 RDMA_NL_NLDEV = 5
 RDMA_NLDEV_CMD_GET, RDMA_NLDEV_CMD_SET = 1, 2
@@ -66,12 +62,9 @@ RDMA_NLDEV_SYS_ATTR_NETNS_MODE = 66
 RDMA_NLDEV_NET_NS_FD = 68
 NETNS_MODES = {0: "exclusive", 1: "shared"}  # RDMA_NLDEV_SYS_ATTR_NETNS_MODE values (iproute2 rdma/sys.c)
 
-_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
-_NLA = struct.Struct("=HH")  # nla_len, nla_type
-_NLA_TYPE_MASK = 0x3FFF  # without NLA_F_NESTED / NLA_F_NET_BYTEORDER
 
 
-class RdmaNlError(OSError):
+class RdmaNlError(NetlinkError):
     """The kernel refused an RDMA netlink request (errno as the kernel gave it)."""
 
 
@@ -88,14 +81,8 @@ def nldev_type(command: int) -> int:
 # ---- encoding (pure) ------------------------------------------------------------------------
 
 
-def _nla(kind: int, payload: bytes) -> bytes:
-    size = _NLA.size + len(payload)
-    return _NLA.pack(size, kind) + payload + b"\0" * (-size & 3)
-
-
 def _message(command: int, flags: int, seq: int, attrs: bytes = b"") -> bytes:
-    size = _NLMSGHDR.size + len(attrs)
-    return _NLMSGHDR.pack(size, nldev_type(command), flags | NLM_F_REQUEST, seq, 0) + attrs
+    return nlframing.message(nldev_type(command), flags | NLM_F_REQUEST, seq, attrs)
 
 
 def encode_sys_get(seq: int) -> bytes:
@@ -109,7 +96,7 @@ def encode_sys_set(seq: int, mode: str) -> bytes:
     if value is None:
         raise ValueError(f"RDMA netns mode {mode!r}: allowed are shared, exclusive")
     return _message(RDMA_NLDEV_CMD_SYS_SET, NLM_F_ACK, seq,
-                    _nla(RDMA_NLDEV_SYS_ATTR_NETNS_MODE, struct.pack("=B", value)))
+                    nla(RDMA_NLDEV_SYS_ATTR_NETNS_MODE, struct.pack("=B", value)))
 
 
 def encode_dev_dump(seq: int) -> bytes:
@@ -123,68 +110,16 @@ def encode_move(seq: int, index: int, netns_fd: int) -> bytes:
     if not 0 <= index <= 0xFFFFFFFF or not 0 <= netns_fd <= 0xFFFFFFFF:
         raise ValueError(f"RDMA device index {index} / netns fd {netns_fd} out of the u32 range")
     return _message(RDMA_NLDEV_CMD_SET, NLM_F_ACK, seq,
-                    _nla(RDMA_NLDEV_ATTR_DEV_INDEX, struct.pack("=I", index))
-                    + _nla(RDMA_NLDEV_NET_NS_FD, struct.pack("=I", netns_fd)))
+                    nla(RDMA_NLDEV_ATTR_DEV_INDEX, struct.pack("=I", index))
+                    + nla(RDMA_NLDEV_NET_NS_FD, struct.pack("=I", netns_fd)))
 
 
 # ---- decoding (pure) ------------------------------------------------------------------------
 
 
-class Message(NamedTuple):
-    type: int
-    flags: int
-    seq: int
-    body: bytes
-
-
-def messages(data: bytes) -> Iterator[Message]:
-    """The netlink messages of one datagram."""
-    offset = 0
-    while offset + _NLMSGHDR.size <= len(data):
-        size, mtype, flags, seq, _ = _NLMSGHDR.unpack_from(data, offset)
-        if size < _NLMSGHDR.size or offset + size > len(data):
-            raise RdmaNlError(errno.EPROTO, f"malformed RDMA netlink answer (nlmsg_len {size})")
-        yield Message(mtype, flags, seq, data[offset + _NLMSGHDR.size:offset + size])
-        offset += (size + 3) & ~3
-
-
 def attributes(data: bytes, offset: int = 0) -> dict[int, bytes]:
     """Top-level attributes from `offset` on, by type (flag bits cleared); the last one wins."""
-    out: dict[int, bytes] = {}
-    while offset + _NLA.size <= len(data):
-        size, kind = _NLA.unpack_from(data, offset)
-        if size < _NLA.size or offset + size > len(data):
-            raise RdmaNlError(errno.EPROTO, f"malformed RDMA netlink attribute (nla_len {size})")
-        out[kind & _NLA_TYPE_MASK] = data[offset + _NLA.size:offset + size]
-        offset += (size + 3) & ~3
-    return out
-
-
-def error_of(message: Message) -> RdmaNlError | None:
-    """The error an NLMSG_ERROR carries (None for an ACK), with the kernel's extended-ack
-    text when there is one (NETLINK_EXT_ACK)."""
-    if len(message.body) < 4:
-        return RdmaNlError(errno.EPROTO, "truncated NLMSG_ERROR")
-    code = -struct.unpack_from("=i", message.body)[0]
-    if code == 0:
-        return None
-    text = os.strerror(code)
-    if message.flags & NLM_F_ACK_TLVS and len(message.body) >= 4 + _NLMSGHDR.size:
-        # struct nlmsgerr: error, the request's header (+ its payload unless NLM_F_CAPPED), TLVs
-        offset = 4 + _NLMSGHDR.size
-        if not message.flags & NLM_F_CAPPED:
-            offset = 4 + ((_NLMSGHDR.unpack_from(message.body, 4)[0] + 3) & ~3)
-        try:
-            extra = attributes(message.body, offset).get(NLMSGERR_ATTR_MSG)
-        except RdmaNlError:
-            extra = None
-        if extra:
-            text = f"{text}: {_text(extra)}"
-    return RdmaNlError(code, text)
-
-
-def _text(value: bytes) -> str:
-    return value.split(b"\0", 1)[0].decode(errors="replace")
+    return nlframing.attributes(data, offset, RdmaNlError)
 
 
 def decode_netns_mode(body: bytes) -> str:
@@ -204,38 +139,14 @@ def decode_device(body: bytes) -> RdmaDevice:
     index, name = attrs.get(RDMA_NLDEV_ATTR_DEV_INDEX), attrs.get(RDMA_NLDEV_ATTR_DEV_NAME)
     if index is None or len(index) < 4 or name is None:
         raise RdmaNlError(errno.EPROTO, "RDMA device answer without DEV_INDEX / DEV_NAME")
-    return RdmaDevice(struct.unpack_from("=I", index)[0], _text(name))
+    return RdmaDevice(struct.unpack_from("=I", index)[0], text(name))
 
 
-class Answer:
-    """Collects the answers to one request from the datagrams that arrive (pure: feed it
-    bytes). Done at the ACK (or error) of a doit, at NLMSG_DONE of a dump."""
+class Answer(nlframing.Answer):
+    """nlframing.Answer raising RdmaNlError."""
 
     def __init__(self, seq: int, acked: bool) -> None:
-        self.seq = seq
-        self.acked = acked
-        self.bodies: list[tuple[int, bytes]] = []  # (type, body) of every data message
-        self.done = False
-
-    def feed(self, data: bytes) -> None:
-        for message in messages(data):
-            if message.seq != self.seq or self.done:
-                continue  # an answer to an earlier, abandoned request
-            if message.type == NLMSG_ERROR:
-                error = error_of(message)
-                if error is not None:
-                    raise error
-                self.done = True
-            elif message.type == NLMSG_DONE:
-                # A dump that fails part-way says so in NLMSG_DONE's int.
-                if len(message.body) >= 4 and struct.unpack_from("=i", message.body)[0] < 0:
-                    code = -struct.unpack_from("=i", message.body)[0]
-                    raise RdmaNlError(code, os.strerror(code))
-                self.done = True
-            else:
-                self.bodies.append((message.type, message.body))
-                if not message.flags & NLM_F_MULTI and not self.acked:
-                    self.done = True
+        super().__init__(seq, acked, RdmaNlError)
 
 
 # ---- transport -------------------------------------------------------------------------------

@@ -9,32 +9,41 @@ handful of fixed messages, so they are encoded here with `struct` and sent on a 
 our own: tens of microseconds of Python per request, plus what the kernel takes.
 Everything else (VF attributes, dumps for GC …) stays with pyroute2.
 
-Errors come back as `RtnlError` (an OSError carrying the kernel's errno);
-`tenantnet.plugin.system.netlink` turns them into its named exceptions, as it does pyroute2's.
-Message layouts: linux/netlink.h, linux/rtnetlink.h, linux/if_link.h, linux/veth.h.
+Errors come back as `RtnlError` (an OSError carrying the kernel's errno; EPROTO for a
+malformed answer); `tenantnet.plugin.system.netlink` turns them into its named exceptions,
+as it does pyroute2's. The netlink framing (headers, attribute walk, ACKs, dumps) is
+`tenantnet.plugin.system.nlframing`'s, bounds-checked; the layouts here are linux/rtnetlink.h,
+linux/if_link.h, linux/if_addr.h, linux/veth.h.
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
-import os
 import socket
 import struct
 import threading
 from dataclasses import dataclass
 
+from tenantnet.plugin.system import nlframing
+from tenantnet.plugin.system.nlframing import (
+    NLM_F_ACK,
+    NLM_F_CREATE,
+    NLM_F_DUMP,
+    NLM_F_EXCL,
+    NLM_F_REQUEST,
+    NetlinkError,
+    fixed,
+    nest,
+    nla,
+    text,
+)
+
 NETLINK_ROUTE = 0
 # message types
-NLMSG_ERROR, NLMSG_DONE = 2, 3
 RTM_NEWLINK, RTM_DELLINK, RTM_GETLINK, RTM_SETLINK = 16, 17, 18, 19
 RTM_NEWADDR, RTM_GETADDR = 20, 22
 RTM_NEWROUTE, RTM_GETROUTE = 24, 26
-# flags
-NLM_F_REQUEST, NLM_F_MULTI, NLM_F_ACK = 0x1, 0x2, 0x4
-NLM_F_DUMP = 0x300
-NLM_F_EXCL, NLM_F_CREATE = 0x200, 0x400
-NLA_F_NESTED = 0x8000
 # link attributes
 IFLA_ADDRESS, IFLA_IFNAME, IFLA_MTU, IFLA_LINKINFO, IFLA_NET_NS_PID, IFLA_NET_NS_FD = 1, 3, 4, 18, 19, 28
 IFLA_AF_SPEC, IFLA_INET6_ADDR_GEN_MODE, IN6_ADDR_GEN_MODE_NONE = 26, 8, 1
@@ -48,14 +57,12 @@ IFA_ADDRESS, IFA_LOCAL = 1, 2
 RTA_DST, RTA_OIF, RTA_GATEWAY, RTA_TABLE = 1, 4, 5, 15
 RT_TABLE_MAIN, RTPROT_BOOT, RT_SCOPE_UNIVERSE, RT_SCOPE_LINK, RTN_UNICAST = 254, 3, 0, 253, 1
 
-_NLMSGHDR = struct.Struct("=IHHII")  # len, type, flags, seq, pid
 _IFINFOMSG = struct.Struct("=BxHiII")  # family, type, index, flags, change
 _IFADDRMSG = struct.Struct("=BBBBI")  # family, prefixlen, flags, scope, index
 _RTMSG = struct.Struct("=BBBBBBBBI")  # family, dst_len, src_len, tos, table, proto, scope, type, flags
-_NLA = struct.Struct("=HH")
 
 
-class RtnlError(OSError):
+class RtnlError(NetlinkError):
     """The kernel refused a request (errno as the kernel gave it)."""
 
 
@@ -86,15 +93,6 @@ class LinkChange:
     alias: str | None = None
 
 
-def _nla(kind: int, payload: bytes) -> bytes:
-    size = _NLA.size + len(payload)
-    return _NLA.pack(size, kind) + payload + b"\0" * (-size & 3)
-
-
-def _nest(kind: int, *parts: bytes) -> bytes:
-    return _nla(kind | NLA_F_NESTED, b"".join(parts))
-
-
 def _name(value: str) -> bytes:
     return value.encode() + b"\0"
 
@@ -108,33 +106,23 @@ def _mac(value: str) -> bytes:
 
 
 def _attrs(data: bytes, offset: int) -> dict[int, bytes]:
-    """Top-level attributes from `offset` on (type without the nested/byte-order bits)."""
-    out: dict[int, bytes] = {}
-    while offset + _NLA.size <= len(data):
-        size, kind = _NLA.unpack_from(data, offset)
-        if size < _NLA.size:
-            break
-        out[kind & 0x3FFF] = data[offset + _NLA.size:offset + size]
-        offset += (size + 3) & ~3
-    return out
-
-
-def _text(value: bytes) -> str:
-    return value.split(b"\0", 1)[0].decode(errors="replace")
+    """Attributes from `offset` on (type without the nested/byte-order bits)."""
+    return nlframing.attributes(data, offset, RtnlError)
 
 
 def _link(body: bytes) -> Link:
-    _, _, index, flags, _ = _IFINFOMSG.unpack_from(body)
+    _, _, index, flags, _ = fixed(_IFINFOMSG, body, "ifinfomsg", RtnlError)
     attrs = _attrs(body, _IFINFOMSG.size)
     kind = ""
     if IFLA_LINKINFO in attrs:
         info = _attrs(attrs[IFLA_LINKINFO], 0)
-        kind = _text(info.get(IFLA_INFO_KIND, b""))
+        kind = text(info.get(IFLA_INFO_KIND, b""))
     mac = attrs.get(IFLA_ADDRESS, b"")
-    return Link(index=index, name=_text(attrs.get(IFLA_IFNAME, b"")),
-                mac=":".join(f"{b:02x}" for b in mac), mtu=struct.unpack("=I", attrs[IFLA_MTU])[0]
-                if IFLA_MTU in attrs else 0, up=bool(flags & IFF_UP), kind=kind,
-                alias=_text(attrs.get(IFLA_IFALIAS, b"")))
+    mtu = attrs.get(IFLA_MTU, b"")
+    return Link(index=index, name=text(attrs.get(IFLA_IFNAME, b"")),
+                mac=":".join(f"{b:02x}" for b in mac), mtu=struct.unpack_from("=I", mtu)[0]
+                if len(mtu) >= 4 else 0, up=bool(flags & IFF_UP), kind=kind,
+                alias=text(attrs.get(IFLA_IFALIAS, b"")))
 
 
 class Rtnl:
@@ -158,30 +146,11 @@ class Rtnl:
     def _request(self, kind: int, flags: int, body: bytes) -> list[tuple[int, bytes]]:
         """Send one request; the (type, body) of every answer message up to its ACK or DONE."""
         self._seq = (self._seq + 1) & 0xFFFFFFFF
-        seq = self._seq
-        self.sock.send(_NLMSGHDR.pack(_NLMSGHDR.size + len(body), kind, flags | NLM_F_REQUEST, seq, 0) + body)
-        answers: list[tuple[int, bytes]] = []
-        while True:
-            data = self.sock.recv(1 << 16)
-            offset = 0
-            while offset + _NLMSGHDR.size <= len(data):
-                size, mtype, mflags, mseq, _ = _NLMSGHDR.unpack_from(data, offset)
-                if size < _NLMSGHDR.size:
-                    raise RtnlError(errno.EPROTO, "malformed netlink answer")
-                body_ = data[offset + _NLMSGHDR.size:offset + size]
-                offset += (size + 3) & ~3
-                if mseq != seq:
-                    continue  # an answer to an earlier, abandoned request
-                if mtype == NLMSG_ERROR:
-                    code = -struct.unpack_from("=i", body_)[0]
-                    if code:
-                        raise RtnlError(code, os.strerror(code))
-                    return answers
-                if mtype == NLMSG_DONE:
-                    return answers
-                answers.append((mtype, body_))
-                if not mflags & NLM_F_MULTI and not flags & NLM_F_ACK:
-                    return answers
+        self.sock.send(nlframing.message(kind, flags | NLM_F_REQUEST, self._seq, body))
+        answer = nlframing.Answer(self._seq, bool(flags & NLM_F_ACK), RtnlError)
+        while not answer.done:
+            answer.feed(self.sock.recv(1 << 16))
+        return answer.bodies
 
     def _ack(self, kind: int, flags: int, body: bytes) -> None:
         self._request(kind, flags | NLM_F_ACK, body)
@@ -191,7 +160,7 @@ class Rtnl:
         """The link called `name` (or numbered `index`) in this socket's namespace, or None."""
         try:
             answers = self._request(RTM_GETLINK, 0, _IFINFOMSG.pack(0, 0, index, 0, 0)
-                                    + (_nla(IFLA_IFNAME, _name(name)) if name else b""))
+                                    + (nla(IFLA_IFNAME, _name(name)) if name else b""))
         except RtnlError as exc:
             if exc.errno in (errno.ENODEV, errno.ENOENT):
                 return None
@@ -201,7 +170,7 @@ class Rtnl:
     def delete_link(self, name: str) -> bool:
         """Delete the link called `name`; False if there is none."""
         try:
-            self._ack(RTM_DELLINK, 0, _IFINFOMSG.pack(0, 0, 0, 0, 0) + _nla(IFLA_IFNAME, _name(name)))
+            self._ack(RTM_DELLINK, 0, _IFINFOMSG.pack(0, 0, 0, 0, 0) + nla(IFLA_IFNAME, _name(name)))
         except RtnlError as exc:
             if exc.errno in (errno.ENODEV, errno.ENOENT):
                 return False
@@ -211,8 +180,8 @@ class Rtnl:
     def set_group(self, name: str, group: int) -> bool:
         """Put the link called `name` in link group `group`; False if there is no such link."""
         try:
-            self._ack(RTM_SETLINK, 0, _IFINFOMSG.pack(0, 0, 0, 0, 0) + _nla(IFLA_IFNAME, _name(name))
-                      + _nla(IFLA_GROUP, _u32(group)))
+            self._ack(RTM_SETLINK, 0, _IFINFOMSG.pack(0, 0, 0, 0, 0) + nla(IFLA_IFNAME, _name(name))
+                      + nla(IFLA_GROUP, _u32(group)))
         except RtnlError as exc:
             if exc.errno in (errno.ENODEV, errno.ENOENT):
                 return False
@@ -222,7 +191,7 @@ class Rtnl:
     def delete_group(self, group: int) -> None:
         """Delete every link of link group `group` in one unregistration: the kernel waits
         for RCU once for all of them (linux/rtnetlink.c, rtnl_group_dellink)."""
-        self._ack(RTM_DELLINK, 0, _IFINFOMSG.pack(0, 0, 0, 0, 0) + _nla(IFLA_GROUP, _u32(group)))
+        self._ack(RTM_DELLINK, 0, _IFINFOMSG.pack(0, 0, 0, 0, 0) + nla(IFLA_GROUP, _u32(group)))
 
     def links(self) -> list[Link]:
         """Every link of the namespace (a dump: for GC, not for the hot path)."""
@@ -242,23 +211,23 @@ class Rtnl:
             if link is None:
                 raise RtnlError(errno.ENODEV, f"{name} vanished right after it was created")
             # The kernel refuses IFLA_AF_SPEC when creating a link: set it on the new link.
-            no_addresses = _nla(IFLA_INET6_ADDR_GEN_MODE, bytes([IN6_ADDR_GEN_MODE_NONE]))
+            no_addresses = nla(IFLA_INET6_ADDR_GEN_MODE, bytes([IN6_ADDR_GEN_MODE_NONE]))
             # The kernel ignores IFLA_IFALIAS in a NEWLINK: the alias rides on this SETLINK.
-            marked = _nla(IFLA_IFALIAS, alias.encode()) if alias else b""
+            marked = nla(IFLA_IFALIAS, alias.encode()) if alias else b""
             self._ack(RTM_SETLINK, 0, _IFINFOMSG.pack(0, 0, link.index, 0, 0) + marked
-                      + _nest(IFLA_AF_SPEC, _nest(socket.AF_INET6, no_addresses)))
+                      + nest(IFLA_AF_SPEC, nest(socket.AF_INET6, no_addresses)))
             if up:
                 self.set_link(link.index, up=True)
             return link
-        peer_attrs = [_nla(IFLA_IFNAME, _name(peer)), _nla(IFLA_NET_NS_FD, _u32(peer_netns_fd))]
-        own = [_nla(IFLA_IFNAME, _name(name))]
+        peer_attrs = [nla(IFLA_IFNAME, _name(peer)), nla(IFLA_NET_NS_FD, _u32(peer_netns_fd))]
+        own = [nla(IFLA_IFNAME, _name(name))]
         if mtu:
-            peer_attrs.append(_nla(IFLA_MTU, _u32(mtu)))
-            own.append(_nla(IFLA_MTU, _u32(mtu)))
+            peer_attrs.append(nla(IFLA_MTU, _u32(mtu)))
+            own.append(nla(IFLA_MTU, _u32(mtu)))
         if peer_mac:
-            peer_attrs.append(_nla(IFLA_ADDRESS, _mac(peer_mac)))
-        info = _nest(IFLA_LINKINFO, _nla(IFLA_INFO_KIND, b"veth"),
-                     _nest(IFLA_INFO_DATA, _nest(VETH_INFO_PEER, _IFINFOMSG.pack(0, 0, 0, 0, 0),
+            peer_attrs.append(nla(IFLA_ADDRESS, _mac(peer_mac)))
+        info = nest(IFLA_LINKINFO, nla(IFLA_INFO_KIND, b"veth"),
+                     nest(IFLA_INFO_DATA, nest(VETH_INFO_PEER, _IFINFOMSG.pack(0, 0, 0, 0, 0),
                                                  *peer_attrs)))
         flags = IFF_UP if up else 0  # applied at creation, as `ip link add … up` does
         self._ack(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL,
@@ -276,17 +245,17 @@ class Rtnl:
                  netns_pid: int | None = None, alias: str | None = None) -> None:
         attrs = []
         if alias is not None:  # an empty alias clears it
-            attrs.append(_nla(IFLA_IFALIAS, alias.encode()))
+            attrs.append(nla(IFLA_IFALIAS, alias.encode()))
         if name is not None:
-            attrs.append(_nla(IFLA_IFNAME, _name(name)))
+            attrs.append(nla(IFLA_IFNAME, _name(name)))
         if mac is not None:
-            attrs.append(_nla(IFLA_ADDRESS, _mac(mac)))
+            attrs.append(nla(IFLA_ADDRESS, _mac(mac)))
         if mtu is not None:
-            attrs.append(_nla(IFLA_MTU, _u32(mtu)))
+            attrs.append(nla(IFLA_MTU, _u32(mtu)))
         if netns_fd is not None:
-            attrs.append(_nla(IFLA_NET_NS_FD, _u32(netns_fd)))
+            attrs.append(nla(IFLA_NET_NS_FD, _u32(netns_fd)))
         if netns_pid is not None:
-            attrs.append(_nla(IFLA_NET_NS_PID, _u32(netns_pid)))
+            attrs.append(nla(IFLA_NET_NS_PID, _u32(netns_pid)))
         flags = change = 0
         if up is not None:
             flags, change = (IFF_UP if up else 0), IFF_UP
@@ -316,9 +285,9 @@ class Rtnl:
         """Add `address` (with its prefix) to the link; EEXIST if it is there already."""
         ip = address.ip.packed
         family = socket.AF_INET if address.version == 4 else socket.AF_INET6
-        attrs = _nla(IFA_ADDRESS, ip)
+        attrs = nla(IFA_ADDRESS, ip)
         if family == socket.AF_INET:
-            attrs = _nla(IFA_LOCAL, ip) + attrs
+            attrs = nla(IFA_LOCAL, ip) + attrs
         self._ack(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL,
                   _IFADDRMSG.pack(family, address.network.prefixlen, 0, RT_SCOPE_UNIVERSE, index) + attrs)
 
@@ -326,25 +295,26 @@ class Rtnl:
         """The link's addresses as "ip/prefix" (both families)."""
         out = []
         for _, body in self._request(RTM_GETADDR, NLM_F_DUMP, _IFADDRMSG.pack(0, 0, 0, 0, 0)):
-            family, prefixlen, _, _, ifindex = _IFADDRMSG.unpack_from(body)
+            family, prefixlen, _, _, ifindex = fixed(_IFADDRMSG, body, "ifaddrmsg", RtnlError)
             if ifindex != index:
                 continue
             attrs = _attrs(body, _IFADDRMSG.size)
             raw = attrs.get(IFA_ADDRESS) or attrs.get(IFA_LOCAL)
             if raw:
-                ip = ipaddress.ip_address(raw)
-                out.append(f"{ip}/{prefixlen}")
+                if len(raw) not in (4, 16):
+                    raise RtnlError(errno.EPROTO, f"malformed netlink answer: an address of {len(raw)} bytes")
+                out.append(f"{ipaddress.ip_address(raw)}/{prefixlen}")
         return out
 
     def add_route(self, dst: str, *, oif: int, gateway: str | None = None) -> None:
         """A route in the main table; EEXIST if it is there already."""
         net = ipaddress.ip_network(dst, strict=False)
         family = socket.AF_INET if net.version == 4 else socket.AF_INET6
-        attrs = _nla(RTA_OIF, _u32(oif)) + _nla(RTA_TABLE, _u32(RT_TABLE_MAIN))
+        attrs = nla(RTA_OIF, _u32(oif)) + nla(RTA_TABLE, _u32(RT_TABLE_MAIN))
         if net.prefixlen:
-            attrs += _nla(RTA_DST, net.network_address.packed)
+            attrs += nla(RTA_DST, net.network_address.packed)
         if gateway:
-            attrs += _nla(RTA_GATEWAY, ipaddress.ip_address(gateway).packed)
+            attrs += nla(RTA_GATEWAY, ipaddress.ip_address(gateway).packed)
         scope = RT_SCOPE_UNIVERSE if gateway else RT_SCOPE_LINK
         self._ack(RTM_NEWROUTE, NLM_F_CREATE | NLM_F_EXCL,
                   _RTMSG.pack(family, net.prefixlen, 0, 0, RT_TABLE_MAIN, RTPROT_BOOT, scope, RTN_UNICAST, 0)
