@@ -187,6 +187,59 @@ def test_bounds_size_items_and_group_depth() -> None:
         decode_list_response(b"\x0b" * 100_000)
 
 
+def _tiny_pods(n: int) -> list[PodResources]:
+    return [PodResources("ns", f"p{i}", (ContainerResources("c", (ContainerDevices("r", ("a",), (0,)),)),))
+            for i in range(n)]
+
+
+def test_the_number_of_pods_is_capped() -> None:
+    """Limits.max_pods: the answer is refused at the first pod over it, whatever the filter;
+    the default (10,000) is far above a node's pods and far below the 200,000 that took 3 s."""
+    three = encode_list_response(_tiny_pods(3))
+    assert len(decode_list_response(three, limits=Limits(max_pods=3))) == 3
+    for kw in ({}, {"namespace": "ns", "name": "p0"}):
+        with pytest.raises(pr.AnswerTooLarge, match=r"more than 2 pods: refused \(Limits.max_pods\)"):
+            decode_list_response(three, limits=Limits(max_pods=2), **kw)  # type: ignore[arg-type]
+    assert Limits().max_pods == 10_000
+    many = encode_list_response(_tiny_pods(10_001))
+    with pytest.raises(pr.AnswerTooLarge, match=r"more than 10000 pods"):
+        decode_list_response(many, namespace="ns", name="p10000")
+    assert len(decode_list_response(encode_list_response(_tiny_pods(10_000)), namespace="ns", name="p0")) == 1
+
+
+class CountingClock:
+    """A clock that moves one second each time it is read: the number of reads is the work."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def __call__(self) -> float:
+        self.reads += 1
+        return float(self.reads)
+
+
+@pytest.mark.parametrize("decode", ["list", "list-filtered", "get"])
+def test_decoding_stops_at_the_deadline(decode: str) -> None:
+    """The clock is read every DEADLINE_EVERY decoded elements; at the read that reaches the
+    deadline, DecodeDeadline — not after the whole answer."""
+    pods = _tiny_pods(2000)                   # 5 elements each: pod, container, group, id, NUMA node
+    clock = CountingClock()
+    with pytest.raises(pr.DecodeDeadline, match=rf"\({5 * pr.DEADLINE_EVERY} elements decoded\)"):
+        if decode == "get":
+            big = PodResources("ns", "p", tuple(ContainerResources(f"c{i}", (ContainerDevices("r", ("a",), (0,)),))
+                                                for i in range(2000)))
+            decode_get_response(encode_get_response(big), deadline=5.0, clock=clock)
+        elif decode == "list":
+            decode_list_response(encode_list_response(pods), deadline=5.0, clock=clock)
+        else:  # only names are decoded: one element per pod
+            decode_list_response(encode_list_response(pods * 3), namespace="ns", name="none",
+                                 deadline=5.0, clock=clock)
+    assert clock.reads == 5
+    # Without a deadline the clock is never read; with a far one, the whole answer decodes.
+    assert len(decode_list_response(encode_list_response(pods), clock=clock)) == 2000 and clock.reads == 5
+    assert len(decode_list_response(encode_list_response(pods), deadline=1e9, clock=clock)) == 2000
+
+
 def test_filtered_list_decodes_only_the_wanted_pod() -> None:
     bad_container = _ld(1, b"\x0a\x01\xff")                  # container name not UTF-8
     other = _ld(1, b"\x0a\x01q\x12\x02ns" + _ld(3, bad_container))
@@ -254,6 +307,116 @@ def test_fuzz_encode_decode_round_trip(pods: list[PodResources]) -> None:
     for pod in pods:
         assert decode_get_response(encode_get_response(pod)) == pod
         assert decode_get_request(encode_get_request(pod.namespace, pod.name)) == (pod.namespace, pod.name)
+
+
+# -- wire format: the oracle, stubs generated from the upstream api.proto -------------------
+
+PROTO = Path(__file__).resolve().parent.parent / "fixtures" / "podresources" / "api.proto"
+
+
+@pytest.fixture(scope="module")
+def api(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The `api_pb2` module grpcio-tools generates from api.proto, into a tmp dir, loaded under
+    a name of its own (nothing generated is kept in the tree)."""
+    import importlib.util
+
+    from grpc_tools import protoc
+
+    out = tmp_path_factory.mktemp("podresources_pb2")
+    status = protoc.main(["protoc", f"-I{PROTO.parent}", f"--python_out={out}", str(PROTO)])
+    assert status == 0, f"protoc failed on {PROTO}"
+    spec = importlib.util.spec_from_file_location("tenantnet_test_podresources_api_pb2", out / "api_pb2.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _to_stub(api: Any, pod: PodResources, into: Any = None) -> Any:
+    msg = api.PodResources(name=pod.name, namespace=pod.namespace) if into is None else into
+    if into is not None:
+        msg.name, msg.namespace = pod.name, pod.namespace
+    for c in pod.containers:
+        container = msg.containers.add(name=c.name)
+        for d in c.devices:
+            devices = container.devices.add(resource_name=d.resource_name, device_ids=list(d.device_ids))
+            for n in d.numa_nodes:
+                devices.topology.nodes.add(ID=n)
+    return msg
+
+
+def _from_stub(msg: Any) -> PodResources:
+    return PodResources(msg.namespace, msg.name, tuple(
+        ContainerResources(c.name, tuple(
+            ContainerDevices(d.resource_name, tuple(d.device_ids), tuple(n.ID for n in d.topology.nodes))
+            for d in c.devices))
+        for c in msg.containers))
+
+
+def test_the_oracle_is_the_upstream_schema(api: Any) -> None:
+    """The field numbers the module's docstring copies, as the generated descriptors have them."""
+    fields = {m: {f.name: f.number for f in getattr(api, m).DESCRIPTOR.fields}
+              for m in ("ListPodResourcesResponse", "GetPodResourcesRequest", "GetPodResourcesResponse",
+                        "PodResources", "ContainerResources", "ContainerDevices", "TopologyInfo", "NUMANode")}
+    assert fields == {
+        "ListPodResourcesResponse": {"pod_resources": 1},
+        "GetPodResourcesRequest": {"pod_name": 1, "pod_namespace": 2},
+        "GetPodResourcesResponse": {"pod_resources": 1},
+        "PodResources": {"name": 1, "namespace": 2, "containers": 3},
+        "ContainerResources": {"name": 1, "devices": 2, "cpu_ids": 3, "memory": 4, "dynamic_resources": 5},
+        "ContainerDevices": {"resource_name": 1, "device_ids": 2, "topology": 3},
+        "TopologyInfo": {"nodes": 1},
+        "NUMANode": {"ID": 1},
+    }
+    assert api.DESCRIPTOR.services_by_name["PodResourcesLister"].full_name == pr.SERVICE
+
+
+_oracle_text = st.text(max_size=12)  # any Unicode scalar value (no surrogates: valid UTF-8)
+_oracle_devices = st.builds(ContainerDevices, _oracle_text, st.lists(_oracle_text, max_size=3).map(tuple),
+                            st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=3).map(tuple))
+_oracle_containers = st.builds(ContainerResources, _oracle_text,
+                               st.lists(_oracle_devices, max_size=3).map(tuple))
+_oracle_pods = st.builds(PodResources, _oracle_text, _oracle_text,
+                         st.lists(_oracle_containers, max_size=3).map(tuple))
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(pods=st.lists(_oracle_pods, max_size=4))
+def test_codec_against_the_generated_stubs(api: Any, pods: list[PodResources]) -> None:
+    """Byte for byte: the hand encoder writes what protobuf's runtime writes; each side
+    decodes the other's bytes to the same pods."""
+    stub = api.ListPodResourcesResponse()
+    for pod in pods:
+        _to_stub(api, pod, stub.pod_resources.add())
+    theirs = stub.SerializeToString(deterministic=True)
+    ours = encode_list_response(pods)
+    assert ours == theirs
+    assert decode_list_response(theirs) == pods
+    parsed = api.ListPodResourcesResponse.FromString(ours)
+    assert [_from_stub(p) for p in parsed.pod_resources] == pods
+    for pod in pods:
+        get = api.GetPodResourcesResponse(pod_resources=_to_stub(api, pod)).SerializeToString(deterministic=True)
+        assert encode_get_response(pod) == get and decode_get_response(get) == pod
+        request = api.GetPodResourcesRequest(pod_name=pod.name, pod_namespace=pod.namespace)
+        assert encode_get_request(pod.namespace, pod.name) == request.SerializeToString(deterministic=True)
+        assert decode_get_request(request.SerializeToString()) == (pod.namespace, pod.name)
+
+
+def test_fields_the_codec_skips_as_the_stubs_write_them(api: Any) -> None:
+    """A kubelet's full answer (CPU ids, memory, DRA claims with CDI devices, allocatable
+    fields): the hand decoder reads the fields it knows and skips the rest."""
+    stub = api.ListPodResourcesResponse()
+    pod = stub.pod_resources.add(name="train-0", namespace="team-a")
+    container = pod.containers.add(name="main", cpu_ids=[0, 1, 63, -1])
+    container.memory.add(memory_type="hugepages-1Gi", size=1 << 31).topology.nodes.add(ID=1)
+    claim = container.dynamic_resources.add(claim_name="gpus", claim_namespace="team-a")
+    claim.claim_resources.add(driver_name="gpu.nvidia.com", pool_name="node-1", device_name="gpu-0") \
+        .cdi_devices.add(name="nvidia.com/gpu=0")
+    devices = container.devices.add(resource_name="nvidia.com/gpu", device_ids=["GPU-aaaa", "GPU-bbbb"])
+    devices.topology.nodes.add(ID=0)
+    decoded = decode_list_response(stub.SerializeToString())
+    assert decoded == [PodResources("team-a", "train-0", (ContainerResources("main", (
+        ContainerDevices("nvidia.com/gpu", ("GPU-aaaa", "GPU-bbbb"), (0,)),)),))]
 
 
 # -- the client against the simulated kubelet ----------------------------------------------
@@ -488,6 +651,44 @@ def test_server_error_is_named(kubelet: lab.SimulatedKubelet, client: PodResourc
     pods_file.write_text("{not json")
     with pytest.raises(PodResourcesError, match=r"kubelet.sock: Get failed with INTERNAL: simulated "
                                                 r"kubelet: .*pods.json: not JSON"):
+        client.gpus_of("team-a", "train-0")
+
+
+class _SlowClockTime:
+    """Stands in for the `time` module of podresources: each monotonic() read is 0.05 s later
+    than the last one, on top of the real clock. The RPC takes a few reads; decoding reads
+    it every DEADLINE_EVERY elements — so the work done, not the machine's speed, decides."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+
+    def monotonic(self) -> float:
+        self.reads += 1
+        return time.monotonic() + 0.05 * self.reads
+
+
+def test_the_timeout_bounds_decoding_too(raw_kubelet: Any, sock: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """3,000 pods (15,000 elements: 234 reads of the clock while decoding, 11.7 s of it)
+    against a 5 s timeout: PodResourcesTimeout, naming the decoding; before, the decoding ran
+    to its end whatever the timeout (200,000 pods: 3 s past a 2 s timeout)."""
+    answer = encode_list_response(_tiny_pods(3000))
+    raw_kubelet({"List": lambda req: answer})
+    clock = _SlowClockTime()
+    monkeypatch.setattr(pr, "time", clock)
+    with PodResourcesClient(sock, 5.0) as client, \
+            pytest.raises(PodResourcesTimeout, match=rf"kubelet.sock: the answer to List \({len(answer)} bytes\) "
+                                                     r"was not decoded within 5 s: decoding not done"):
+        client.list_pods()
+    assert clock.reads < 5.0 / 0.05 + 10     # stopped at the deadline, not after 234 reads
+    monkeypatch.undo()
+    with PodResourcesClient(sock, 5.0) as client:  # the real clock: decoded well within 5 s
+        assert len(client.list_pods()) == 3000
+
+
+def test_too_many_pods_is_named(raw_kubelet: Any, client: PodResourcesClient) -> None:
+    raw_kubelet({"List": lambda req: encode_list_response(_tiny_pods(10_001))})
+    with pytest.raises(PodResourcesError, match=r"kubelet.sock: the answer to List is over the limit: "
+                                                r"more than 10000 pods: refused"):
         client.gpus_of("team-a", "train-0")
 
 

@@ -27,11 +27,16 @@ This module owns three things:
    dynamic_resources, anything a later kubelet adds) is skipped whatever its wire type,
    groups included, and a known field arriving with another wire type is skipped like an
    unknown one (as the protobuf runtimes do). It is bounded against a broken or hostile
-   server: at most `Limits.max_bytes` of input, at most `Limits.max_items` decoded elements
-   (pods, containers, device groups, device ids, NUMA nodes), group nesting at most
-   `Limits.max_group_depth` deep; the schema itself is six levels deep and unknown
-   length-delimited fields are skipped, not parsed, so nothing else recurses. Every problem
-   is a `WireFormatError` that says what and at which byte — never another exception.
+   server: at most `Limits.max_bytes` of input, at most `Limits.max_pods` pods and
+   `Limits.max_items` decoded elements (pods, containers, device groups, device ids, NUMA
+   nodes), group nesting at most `Limits.max_group_depth` deep; the schema itself is six
+   levels deep and unknown length-delimited fields are skipped, not parsed, so nothing else
+   recurses; and, given a `deadline`, the decoder looks at the clock every
+   `DEADLINE_EVERY` elements, so the client's timeout bounds decoding too. Every problem is
+   a `WireFormatError` that says what and at which byte — never another exception
+   (`AnswerTooLarge` and `DecodeDeadline` are its kinds for the two bounds).
+   tests/unit/test_podresources.py holds the codec to stubs that grpcio-tools generates
+   from the upstream api.proto at test time.
 
 2. **The client**, `PodResourcesClient`: gRPC over the kubelet's unix socket
    (`/var/lib/kubelet/pod-resources/kubelet.sock`), `v1.PodResourcesLister/Get` where the
@@ -106,6 +111,14 @@ class WireFormatError(ValueError):
     """Bytes that are not a valid message of the expected type; the message says why and where."""
 
 
+class AnswerTooLarge(WireFormatError):
+    """An answer over one of the `Limits` (bytes, pods, elements): refused, not decoded on."""
+
+
+class DecodeDeadline(WireFormatError):
+    """Decoding was still going when the caller's deadline passed."""
+
+
 class PodResourcesError(Exception):
     """The kubelet's pod-resources API could not answer; the message names the socket and why."""
 
@@ -178,6 +191,9 @@ class Limits:
     max_bytes: int = 16 * 1024 * 1024
     max_items: int = 500_000
     max_group_depth: int = 32
+    # The kubelet's --max-pods defaults to 110 and is rarely set past a few hundred; 200,000
+    # pods took 3 s to decode here. 10,000 decode in ≈ 0.15 s.
+    max_pods: int = 10_000
 
 
 DEFAULT_LIMITS = Limits()
@@ -263,19 +279,36 @@ def encode_get_response(pod: PodResources) -> bytes:
 # -- decoding -------------------------------------------------------------------------------
 
 
+# How many decoded elements between two looks at the clock (a look costs ≈ 50 ns, an element
+# ≈ 10 µs: the deadline is overrun by well under a millisecond).
+DEADLINE_EVERY = 64
+
+
 class _Budget:
-    """Counts decoded elements against `Limits.max_items`."""
+    """Counts decoded elements against `Limits.max_items` (and pods against `max_pods`), and
+    looks at the clock every `DEADLINE_EVERY` of them when there is a deadline."""
 
-    __slots__ = ("left", "limit")
+    __slots__ = ("left", "limit", "pods_left", "pod_limit", "deadline", "clock", "taken")
 
-    def __init__(self, limit: int) -> None:
-        self.left = limit
-        self.limit = limit
+    def __init__(self, limits: Limits, deadline: float | None = None,
+                 clock: Callable[[], float] | None = None) -> None:
+        self.left = self.limit = limits.max_items
+        self.pods_left = self.pod_limit = limits.max_pods
+        self.deadline = deadline
+        self.clock = clock or time.monotonic
+        self.taken = 0
 
     def take(self, what: str) -> None:
         self.left -= 1
+        self.taken += 1
         if self.left < 0:
-            raise WireFormatError(f"more than {self.limit} elements (at a {what}): refused")
+            raise AnswerTooLarge(f"more than {self.limit} elements (at a {what}): refused")
+        if what == "pod":
+            self.pods_left -= 1
+            if self.pods_left < 0:
+                raise AnswerTooLarge(f"more than {self.pod_limit} pods: refused (Limits.max_pods)")
+        if self.deadline is not None and self.taken % DEADLINE_EVERY == 0 and self.clock() >= self.deadline:
+            raise DecodeDeadline(f"decoding not done by the deadline ({self.taken} elements decoded)")
 
 
 def _varint(buf: memoryview, pos: int, end: int) -> tuple[int, int]:
@@ -445,17 +478,21 @@ def _view(data: bytes | bytearray | memoryview, limits: Limits, what: str) -> me
     except TypeError as e:  # a non-contiguous view
         raise WireFormatError(f"a {what} must be contiguous bytes: {e}") from None
     if len(buf) > limits.max_bytes:
-        raise WireFormatError(f"a {what} of {len(buf)} bytes is over the limit of {limits.max_bytes}")
+        raise AnswerTooLarge(f"a {what} of {len(buf)} bytes is over the limit of {limits.max_bytes}")
     return buf
 
 
 def decode_list_response(data: bytes | bytearray | memoryview, *, limits: Limits = DEFAULT_LIMITS,
-                         namespace: str | None = None, name: str | None = None) -> list[PodResources]:
+                         namespace: str | None = None, name: str | None = None,
+                         deadline: float | None = None,
+                         clock: Callable[[], float] | None = None) -> list[PodResources]:
     """The pods of a `ListPodResourcesResponse`; with `namespace` and `name`, only that pod's
-    entries (other pods are checked for well-formedness up to their names, not decoded)."""
+    entries (other pods are checked for well-formedness up to their names, not decoded).
+    `deadline` (on `clock`, default time.monotonic): DecodeDeadline if decoding is not done
+    by then."""
     buf = _view(data, limits, "ListPodResourcesResponse")
     want = None if namespace is None and name is None else (namespace or "", name or "")
-    budget = _Budget(limits.max_items)
+    budget = _Budget(limits, deadline, clock)
     pods = []
     for number, wire, a, b in _fields(buf, 0, len(buf), limits):
         if number == 1 and wire == LEN:
@@ -466,8 +503,9 @@ def decode_list_response(data: bytes | bytearray | memoryview, *, limits: Limits
     return pods
 
 
-def decode_get_response(data: bytes | bytearray | memoryview, *,
-                        limits: Limits = DEFAULT_LIMITS) -> PodResources | None:
+def decode_get_response(data: bytes | bytearray | memoryview, *, limits: Limits = DEFAULT_LIMITS,
+                        deadline: float | None = None,
+                        clock: Callable[[], float] | None = None) -> PodResources | None:
     """The pod of a `GetPodResourcesResponse`, None if the field is absent. Repeated occurrences
     of the singular field merge, as protobuf says: their payloads are read as one message."""
     buf = _view(data, limits, "GetPodResourcesResponse")
@@ -476,7 +514,7 @@ def decode_get_response(data: bytes | bytearray | memoryview, *,
     if not chunks:
         return None
     merged = memoryview(b"".join(chunks)) if len(chunks) > 1 else memoryview(chunks[0])
-    return _pod(merged, 0, len(merged), limits, _Budget(limits.max_items), None)
+    return _pod(merged, 0, len(merged), limits, _Budget(limits, deadline, clock), None)
 
 
 def decode_get_request(data: bytes | bytearray | memoryview, *,
@@ -527,8 +565,9 @@ class _RpcFailure(Exception):
 class PodResourcesClient:
     """A client of the kubelet's pod-resources socket, with a per-pod cache (thread-safe).
 
-    `timeout` bounds one whole `gpus_of`/`pod` call (a Get and the List after it included);
-    `clock` is for the cache only (tests pass a fake one).
+    `timeout` bounds one whole `gpus_of`/`pod`/`list_pods` call: a Get and the List after it
+    and the decoding of their answers included; `clock` is for the cache only (tests pass a
+    fake one).
     """
 
     def __init__(self, socket_path: str = DEFAULT_SOCKET, timeout: float = 2.0, *,
@@ -582,11 +621,12 @@ class PodResourcesClient:
 
     def list_pods(self) -> list[PodResources]:
         """Every pod the kubelet lists (uncached)."""
+        deadline = time.monotonic() + self.timeout
         try:
-            data = self._call("List", encode_list_request(), time.monotonic() + self.timeout)
+            data = self._call("List", encode_list_request(), deadline)
         except _RpcFailure as failure:
             raise self._error(failure, "List") from None
-        return self._decode(decode_list_response, data, "List")
+        return self._decode(decode_list_response, data, "List", deadline)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop the pod from the cache (at DEL: a namesake may follow)."""
@@ -626,7 +666,7 @@ class PodResourcesClient:
                     raise self._error(failure, "Get") from None
                 # UNKNOWN otherwise is how the kubelet says "pod not found": List decides.
             else:
-                pod = self._decode(decode_get_response, data, "Get")
+                pod = self._decode(decode_get_response, data, "Get", deadline)
                 if pod is not None:
                     if (pod.namespace, pod.name) != (namespace, name):
                         raise PodResourcesError(
@@ -638,7 +678,7 @@ class PodResourcesClient:
             data = self._call("List", encode_list_request(), deadline)
         except _RpcFailure as failure:
             raise self._error(failure, "List") from None
-        pods = self._decode(decode_list_response, data, "List", namespace=namespace, name=name)
+        pods = self._decode(decode_list_response, data, "List", deadline, namespace=namespace, name=name)
         if not pods:
             raise PodNotFound(f"kubelet pod-resources socket {self.socket_path}: no pod "
                               f"{namespace}/{name} on this node", self.socket_path)
@@ -647,9 +687,18 @@ class PodResourcesClient:
                                     f"{namespace}/{name} listed {len(pods)} times", self.socket_path)
         return pods[0]
 
-    def _decode(self, decoder: Callable[..., _T], data: bytes, method: str, **kw: Any) -> _T:
+    def _decode(self, decoder: Callable[..., _T], data: bytes, method: str, deadline: float,
+                **kw: Any) -> _T:
         try:
-            return decoder(data, limits=self.limits, **kw)
+            return decoder(data, limits=self.limits, deadline=deadline, **kw)
+        except DecodeDeadline as e:
+            raise PodResourcesTimeout(
+                f"kubelet pod-resources socket {self.socket_path}: the answer to {method} "
+                f"({len(data)} bytes) was not decoded within {self.timeout:g} s: {e}",
+                self.socket_path) from e
+        except AnswerTooLarge as e:
+            raise PodResourcesError(f"kubelet pod-resources socket {self.socket_path}: the answer "
+                                    f"to {method} is over the limit: {e}", self.socket_path) from e
         except WireFormatError as e:
             raise PodResourcesError(f"kubelet pod-resources socket {self.socket_path}: the answer "
                                     f"to {method} is malformed: {e}", self.socket_path) from e
