@@ -18,10 +18,12 @@ from typing import Any
 
 
 class PrewarmKeeper:
-    """Every `interval` seconds, re-warm attachments whose pre-warm rules are gone (an
-    ovs-vswitchd restart empties its OpenFlow tables): tenantnet/plugin/drivers/prewarm.py,
-    `reconcile`. A round reads the records, and only where some pre-warm, one OpenFlow flow
-    request per bridge; nothing else unless rules are missing."""
+    """At start and every `interval` seconds: remove the pre-warm rules that no longer send
+    to their attachment's live port (a process killed between writing rules and checking
+    its peers), and re-warm attachments whose rules are gone (an ovs-vswitchd restart
+    empties its OpenFlow tables): tenantnet/plugin/drivers/prewarm.py, `reconcile`. A round
+    reads the records and, on each bridge pre-warm has written to, its rules of ours and
+    the port numbers of its pre-warming attachments."""
 
     def __init__(self, node_config: Any, log: Any, interval: float = 30.0) -> None:
         self.node_config = node_config
@@ -38,14 +40,15 @@ class PrewarmKeeper:
         from tenantnet.plugin import modes
         from tenantnet.plugin.drivers import prewarm
 
-        while not self._stop.wait(self.interval):
+        while True:
             try:
                 rewarmed = prewarm.reconcile(self.node_config, modes.plan_type)
+                if rewarmed:
+                    self.log.info("prewarm.rewarmed", attachments=rewarmed)
             except Exception as exc:  # OVS or the state dir unreadable: next round retries
                 self.log.warning("prewarm.reconcile_failed", error=f"{type(exc).__name__}: {exc}")
-                continue
-            if rewarmed:
-                self.log.info("prewarm.rewarmed", attachments=rewarmed)
+            if self._stop.wait(self.interval):
+                return
 
     def stop(self) -> None:
         self._stop.set()

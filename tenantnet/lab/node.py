@@ -140,6 +140,10 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
             f"ipamDataDirs: [{root}/ipam, {root}/host-local, {p['state']}/ipam, {p['state']}/host-local]\n"
             f"resolvConfPaths: [{root}/resolv.d]\n"
             f"ovsConfigurationPaths: [{root}/ovs.d]\n"
+            "# pre-warm may run on the lab's bridge; its tests and demo name MACs and port numbers\n"
+            "# there, which a production node grants no tenant where pre-warm runs (docs/security.md)\n"
+            f"prewarmBridges: [{bridge}]\n"
+            "prewarmGrants: [mac, ofport_request]\n"
         )
         if gpus:
             from tenantnet.lab import gpuserver

@@ -103,8 +103,16 @@ class NodeConfig:
     prewarm: bool = False
     prewarm_max_peers: int = 64
     prewarm_max_idle_ms: int | None = None
-    # How often the agent re-writes pre-warm rules that vanished (an ovs-vswitchd restart).
+    # How often the agent re-writes pre-warm rules that vanished (an ovs-vswitchd restart)
+    # and removes those that no longer send to their attachment's live port.
     prewarm_reconcile_interval: float = 30.0
+    # Pre-warm writes OpenFlow rules that name ports by number on a bridge shared by
+    # tenants, so where it may run is the admin's: these bridges (every bridge when
+    # `prewarm` is true). On such a bridge a tenant may not choose its port's OpenFlow
+    # number or its MAC (with either it could take the place a rule sends to) unless
+    # granted here: "ofport_request", "mac" (docs/security.md).
+    prewarm_bridges: tuple[str, ...] = ()
+    prewarm_grants: tuple[str, ...] = ()
     source: str = "(defaults)"
 
     @property
@@ -114,6 +122,13 @@ class NodeConfig:
 
     def allowed_ovsdb(self) -> tuple[str, ...]:
         return (self.ovsdb, *self.ovsdb_endpoints)
+
+    def prewarm_bridge(self, bridge: str) -> bool:
+        """Whether pre-warm may run on `bridge` ("": mode ovs-offload's bridge, found only at
+        ADD — taken to be one when any bridge may pre-warm)."""
+        if self.prewarm:
+            return True
+        return bridge in self.prewarm_bridges if bridge else bool(self.prewarm_bridges)
 
 
 # YAML key -> (dataclass field, type check, description of what is allowed)
@@ -178,6 +193,9 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "prewarmMaxIdleMs": ("prewarm_max_idle_ms", int, "milliseconds between 1000 and 3600000"),
     "prewarmReconcileInterval": ("prewarm_reconcile_interval", float,
                                  "a number of seconds between 1 and 3600"),
+    "prewarmBridges": ("prewarm_bridges", list, "a list of OVS bridge names pre-warm may run on"),
+    "prewarmGrants": ("prewarm_grants", list, 'a list of "ofport_request" and "mac": what a network '
+                                              "config may set on a bridge that pre-warms"),
 }
 
 # Patterns of keys few node configs have, as text: `re.fullmatch` compiles one (and keeps
@@ -193,6 +211,8 @@ _PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", 
               "etcdCaFile", "etcdCertFile", "etcdKeyFile", "vswitchdLog", "metricsTokenFile")
 _ETCD_URL = r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?"
 _NODE_NAME = r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?"
+_BRIDGE = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"  # as a network config's `bridge` (tnconf)
+PREWARM_GRANTS = ("ofport_request", "mac")
 
 
 def normalise_ovsdb_endpoint(value: str) -> str | None:
@@ -337,6 +357,16 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             raise _bad(path, key, value, allowed)
         elif key == "prewarmReconcileInterval" and not 1 <= cast(float, value) <= 3600:
             raise _bad(path, key, value, allowed)
+        elif key == "prewarmBridges":
+            names = cast("list[object]", value)
+            if not all(isinstance(n, str) and re.fullmatch(_BRIDGE, n) for n in names):
+                raise _bad(path, key, value, allowed)
+            value = tuple(cast("list[str]", names))
+        elif key == "prewarmGrants":
+            grants = cast("list[object]", value)
+            if not all(g in PREWARM_GRANTS for g in grants):
+                raise _bad(path, key, value, allowed)
+            value = tuple(cast("list[str]", grants))
         elif key == "etcdPrefix":
             prefix = cast(str, value)
             if not (prefix.startswith("/") and prefix.endswith("/")) or not prefix.isprintable():

@@ -174,13 +174,15 @@ def infer_mode(raw: dict[str, Any]) -> str:
     )
 
 
-def _mac(conf: NetConf, env: CniEnv) -> str | None:
+def _mac_sources(conf: NetConf, env: CniEnv) -> tuple[tuple[str, Any], ...]:
     # ovs-cni's precedence: runtimeConfig.mac over CNI_ARGS MAC over the NAD's "mac".
-    for where, value in (
-        ("runtimeConfig.mac", conf.runtime("mac")),
-        ("CNI_ARGS MAC", env.args.mac or None),
-        ("mac", conf.raw.get("mac")),
-    ):
+    return (("runtimeConfig.mac", conf.runtime("mac")),
+            ("CNI_ARGS MAC", env.args.mac or None),
+            ("mac", conf.raw.get("mac")))
+
+
+def _mac(conf: NetConf, env: CniEnv) -> str | None:
+    for where, value in _mac_sources(conf, env):
         if value in (None, ""):
             continue
         if not isinstance(value, str) or mac_problem(value):
@@ -284,8 +286,10 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
             mtu=_int_field(raw, "mtu", 68, 65535),
             ofport_request=_int_field(raw, "ofport_request", 1, 65279),
             ovsdb=settings.ovsdb_endpoint(raw, node),
-            prewarm=_prewarm(raw, node),
+            prewarm=_prewarm(raw, node, bridge, env.command == "ADD"),
         )
+        if env.command == "ADD":  # DEL and GC undo what an ADD made, under whatever node config
+            _prewarm_bridge_fields(conf, env, node, ovs)
         for key in ("link_state_check_retries", "link_state_check_interval"):
             _int_field(raw, key, 0, 100000)  # accepted for ovs-cni compatibility; veths need no wait
     if ovs is None and raw.get("prewarm") not in (None, False):
@@ -313,13 +317,35 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
     )
 
 
-def _prewarm(raw: dict[str, Any], node: NodeConfig) -> bool:
+def _prewarm(raw: dict[str, Any], node: NodeConfig, bridge: str, adding: bool) -> bool:
     value = raw.get("prewarm")
     if value is None:
         return node.prewarm
     if not isinstance(value, bool):
         raise invalid_config("prewarm", value, "must be true or false")
+    if value and adding and not node.prewarm_bridge(bridge):
+        raise invalid_config("prewarm", value,
+                             f"pre-warm may not run on bridge {bridge!r}: its OpenFlow rules are written on "
+                             "a bridge other tenants share, so the admin names the bridges it may run on "
+                             f"(node config prewarmBridges: {list(node.prewarm_bridges)})")
     return value
+
+
+def _prewarm_bridge_fields(conf: NetConf, env: CniEnv, node: NodeConfig, ovs: OvsPortSettings) -> None:
+    """On a bridge that pre-warms, a port's OpenFlow number and its MAC are the admin's to
+    grant (node config prewarmGrants): a rule written for an attachment sends its frames to a
+    port number, for a MAC — with either chosen, another tenant's port could stand where a
+    rule of a departed one still points (docs/security.md, "Pre-warm")."""
+    if not node.prewarm_bridge(ovs.bridge):
+        return
+    why = (f"bridge {ovs.bridge or '(the PF uplink bridge)'!r} pre-warms, and there the admin grants it "
+           f"(node config prewarmGrants: {list(node.prewarm_grants)})")
+    if ovs.ofport_request is not None and "ofport_request" not in node.prewarm_grants:
+        raise invalid_config("ofport_request", ovs.ofport_request, f"not allowed: {why}")
+    if "mac" not in node.prewarm_grants:
+        for where, value in _mac_sources(conf, env):
+            if value not in (None, ""):
+                raise invalid_config(where, value, f"a chosen MAC is not allowed: {why}")
 
 
 def _on_off(raw: dict[str, Any], key: str, default: bool) -> bool:

@@ -6,7 +6,6 @@ pre-warm step fails is retried at the next."""
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -86,7 +85,6 @@ def test_prewarm_is_synced_at_the_first_beat_that_reaches_etcd_and_retried_after
 
 def test_a_beat_waits_for_nothing_when_there_is_no_store(tmp_path: Path) -> None:
     beat = Heartbeat(NodeConfig(state_dir=str(tmp_path)), Log())
-    started = time.monotonic()
     beat.start()  # no etcd in the node config: no thread
     beat.stop()
-    assert beat.liveness is None and beat._thread is None and time.monotonic() - started < 1
+    assert beat.liveness is None and beat._thread is None

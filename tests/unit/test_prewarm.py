@@ -19,35 +19,66 @@ A = "0a:58:0a:00:00:01"
 B = "0a:58:0a:00:00:02"
 
 
-def test_cookies_are_ours_per_network_and_per_attachment():
-    c = prewarm.cookie_of("rail0", "c" * 64, "net1")
-    assert c >> 48 == 0x746E  # "tn": every delete is masked to it
-    assert c & prewarm.NETWORK_MASK == prewarm.cookie_of("rail0", "d" * 64, "net2") & prewarm.NETWORK_MASK
-    assert c & prewarm.NETWORK_MASK != prewarm.cookie_of("rail1", "c" * 64, "net1") & prewarm.NETWORK_MASK
-    assert c != prewarm.cookie_of("rail0", "c" * 64, "net2")
+def test_cookies_name_the_network_the_source_and_the_destination():
+    a = prewarm.ident_of("rail0", "c" * 64, "net1")
+    b = prewarm.ident_of("rail0", "d" * 64, "net2")
+    assert a >> 48 == 0x746E  # "tn": every delete is masked to it
+    assert a & prewarm.NETWORK_MASK == b & prewarm.NETWORK_MASK
+    assert a & prewarm.NETWORK_MASK != prewarm.ident_of("rail1", "c" * 64, "net1") & prewarm.NETWORK_MASK
+    assert a != prewarm.ident_of("rail0", "c" * 64, "net2")
+    assert a & prewarm.DESTINATION_MASK == 0  # an identity sits where a rule's source goes
+    cookie = prewarm.pair_cookie(a, b)
+    assert prewarm.source_ident(cookie) == a and prewarm.destination_ident(cookie) == b
+    assert prewarm.pair_cookie(b, a) != cookie
+    # The (cookie, mask) of "rules from a" matches a->b and not b->a; "rules to a" the reverse.
+    value, mask = prewarm.from_ident(a)
+    assert cookie & mask == value and prewarm.pair_cookie(b, a) & mask != value
+    value, mask = prewarm.to_ident(a)
+    assert prewarm.pair_cookie(b, a) & mask == value and cookie & mask != value
     value, mask = prewarm.network_cookie("rail0")
-    assert value == c & ~0xFFFFFFFF and mask == 0xFFFFFFFF00000000
+    assert value == a & ~0xFFFFFFFF and mask == 0xFFFFFFFF00000000
     assert prewarm.OURS == "cookie=0x746e000000000000/0xffff000000000000"
 
 
 def test_a_pairs_ops_delete_only_our_own_identical_rule_then_add_with_check_overlap():
-    a = prewarm.End(prewarm.cookie_of("n", "a", "net1"), "tna", 3, A, "/run/netns/a", "net1", False)
-    b = prewarm.End(prewarm.cookie_of("n", "b", "net1"), "tnb", 4, B, "/run/netns/b", "net1", False)
+    a = prewarm.End(prewarm.ident_of("n", "a", "net1"), "tna", 3, A, "/run/netns/a", "net1", False)
+    b = prewarm.End(prewarm.ident_of("n", "b", "net1"), "tnb", 4, B, "/run/netns/b", "net1", False)
     legacy, delete, add = a.ops(b)
-    # Strict, with a cookie of ours: only our twin — of either shape, the one an older
+    # Strict, with any cookie of ours: only our twin — of either shape, the one an older
     # version wrote (no VLAN_VID match) and the current one.
-    assert legacy == DeleteStrict(a.cookie, 1, 3, A, B, None)
-    assert delete == DeleteStrict(a.cookie, 1, 3, A, B, openflow.OFPVID_NONE)
+    assert legacy == DeleteStrict(prewarm.TN, 1, 3, A, B, None, prewarm.TN_MASK)
+    assert delete == DeleteStrict(prewarm.TN, 1, 3, A, B, openflow.OFPVID_NONE, prewarm.TN_MASK)
     # Only frames without an 802.1Q header: a tagged one meets NORMAL, which drops it on an access port.
-    assert add == AddRule(Rule(a.cookie, 1, 3, A, B, 4, openflow.OFPVID_NONE), check_overlap=True)
+    cookie = prewarm.pair_cookie(a.ident, b.ident)
+    assert add == AddRule(Rule(cookie, 1, 3, A, B, 4, openflow.OFPVID_NONE), check_overlap=True)
     assert "in_port=3,dl_src=0a:58:0a:00:00:01,dl_dst=0a:58:0a:00:00:02,vlan_vid=none,actions=output:4" \
         in openflow._describe(add)
 
 
-def test_only_rules_of_our_shape_without_vlan_vid_are_legacy():
-    assert prewarm._legacy(Rule(1, 1, 3, A, B, 4))
-    assert not prewarm._legacy(Rule(1, 1, 3, A, B, 4, openflow.OFPVID_NONE))
-    assert not prewarm._legacy(Rule(1, 1, 3, A, B, 0))  # another shape (output 0): not ours to rewrite
+def _live(ofport: int, mac: str, network: str = "n", vlan: int | None = 100) -> prewarm._Live:
+    return prewarm._Live(ofport, mac, network, vlan)
+
+
+def test_a_rule_is_backed_only_by_both_ends_live_on_its_very_ports():
+    a, b = prewarm.ident_of("n", "a", "net1"), prewarm.ident_of("n", "b", "net1")
+    rule = Rule(prewarm.pair_cookie(a, b), 1, 3, A, B, 4, openflow.OFPVID_NONE)
+    live = {a: [_live(3, A)], b: [_live(4, B)]}
+    assert prewarm._backed(rule, live)
+    # The destination's port now has another number (deleted, and 4 given to someone else).
+    assert not prewarm._backed(rule, {a: [_live(3, A)], b: [_live(7, B)]})
+    # The destination gone (or removing: sweep leaves such records out) — whoever has its MAC.
+    assert not prewarm._backed(rule, {a: [_live(3, A)]})
+    assert not prewarm._backed(rule, {a: [_live(3, A)], prewarm.ident_of("m", "x", "net1"): [_live(4, B, "m")]})
+    # Another MAC on the destination's port, another VLAN, another source port.
+    assert not prewarm._backed(rule, {a: [_live(3, A)], b: [_live(4, "0a:58:0a:00:00:09")]})
+    assert not prewarm._backed(rule, {a: [_live(3, A)], b: [_live(4, B, vlan=200)]})
+    assert not prewarm._backed(rule, {a: [_live(5, A)], b: [_live(4, B)]})
+    # Older shapes: no VLAN_VID match, another priority, actions other than one output.
+    for old in (Rule(rule.cookie, 1, 3, A, B, 4), Rule(rule.cookie, 2, 3, A, B, 4, openflow.OFPVID_NONE),
+                Rule(rule.cookie, 1, 3, A, B, 0, openflow.OFPVID_NONE)):
+        assert not prewarm._backed(old, live)
+    # Two attachments sharing a 16-bit identity: kept while one of them matches exactly.
+    assert prewarm._backed(rule, {a: [_live(3, A)], b: [_live(9, B), _live(4, B)]})
 
 
 def test_only_well_formed_published_peers_are_used():

@@ -17,11 +17,12 @@ For each pair of attachments of one network, one bridge and one access VLAN on t
    flower; in the lab, a flow of the userspace datapath.
 
 Ownership, so that nothing of anyone else is touched: every rule carries a cookie whose top
-16 bits are "tn" (0x746e), the next 16 a hash of the network, the low 32 a hash of the
-attachment whose port the rule's packets come *in* on. Every delete names our cookie and a
-mask, so it can only match our rules; every add is `check_overlap`, so a rule of anyone
-else's at priority 1 with an overlapping match makes ours fail (state `conflict`) instead
-of replacing it. All rules of one warm go in one OpenFlow bundle (all or none).
+16 bits are "tn" (0x746e), the next 16 a hash of the network, then 16 bits naming the
+attachment whose port the rule's packets come *in* on (its source) and 16 naming the one it
+sends them to (its destination). Every delete names our cookie and a mask, so it can only
+match our rules; every add is `check_overlap`, so a rule of anyone else's at priority 1 with
+an overlapping match makes ours fail (state `conflict`) instead of replacing it. All rules
+of one warm go in one OpenFlow bundle (all or none).
 
 Peers on other nodes (cluster mode: the node config names an etcd): each pre-warming
 attachment is published under `<etcdPrefix>prewarm/<network>/<node>/<container id>/<ifname>`
@@ -33,9 +34,23 @@ does the same for its own pods, both directions end up warm, and the frames teac
 bridges and the top-of-rack switch where each MAC is.
 
 Ports are numbers in OpenFlow: a rule left behind after its port is deleted would send
-traffic to whichever port reuses the number. So DEL removes the rules before the port, and
-under a per-bridge lock marks the record `removing` first, so that a concurrent warm of a
-peer never pairs with an attachment on its way out.
+traffic to whichever port reuses the number — another tenant's, if it could choose the
+number. So no rule of ours may outlive the port it was written for, and three things see to
+it, none of which waits for another:
+- DEL marks the record `removing`, then removes every rule from or to the attachment (by
+  the cookie's source and destination bits, and by its port number both ways), and only
+  then is the port deleted. It takes no lock: a DEL never waits behind warms.
+- A warm that has written its rules reads its peers' records again: a peer that is now
+  `removing` or gone may have removed its rules before this warm wrote them, so the warm
+  removes them itself. (A DEL marks before it removes, and the warm re-reads after OVS has
+  committed: one of the two always sees the other.)
+- `sweep` (the agent every prewarmReconcileInterval and at start, and GC) removes every rule
+  of ours that is not backed by the live state: its source and destination attachments
+  recorded, not `removing`, with these MACs, on ports that have these numbers *now*. It is
+  what catches a process killed between its write and its re-read.
+And OVS itself does not give a freed number to a new port for an hour unless asked to with
+`ofport_request` — which, on a bridge that pre-warms, is the admin's to grant
+(prewarmGrants), as is the MAC a rule matches on.
 """
 
 from __future__ import annotations
@@ -55,7 +70,7 @@ from typing import Any
 from tenantnet.plugin import log
 from tenantnet.plugin.drivers.ovsport import PREWARM_PENDING, PortPlan
 from tenantnet.plugin.nodeconfig import NodeConfig
-from tenantnet.plugin.records import PHASE_READY, AttachmentRecord, Plan, RecordStore
+from tenantnet.plugin.records import PHASE_READY, AttachmentRecord, CorruptRecord, Plan, RecordStore
 from tenantnet.plugin.system import dpctl, openflow, ovsdb, warmframes
 from tenantnet.plugin.system.netns import NamespaceNotFound
 from tenantnet.plugin.system.openflow import OFPVID_NONE, AddRule, DeleteStrict, Op, Rule
@@ -63,7 +78,9 @@ from tenantnet.plugin.system.openflow import OFPVID_NONE, AddRule, DeleteStrict,
 PRIORITY = 1
 TN = 0x746E << 48
 TN_MASK = 0xFFFF << 48
-NETWORK_MASK = 0xFFFFFFFF << 32
+NETWORK_MASK = 0xFFFFFFFF << 32  # "tn" and the network's 16 bits
+SOURCE_MASK = 0xFFFF << 16       # the attachment whose port the rule's packets come in on
+DESTINATION_MASK = 0xFFFF        # the attachment whose port the rule sends them to
 OURS = f"cookie={TN:#x}/{TN_MASK:#x}"  # in ovs-ofctl's words: `ovs-ofctl dump-flows BR "$OURS"`
 
 # States kept in the plan (`prewarm`), shown by `tenantnetctl ls` and in /metrics.
@@ -78,8 +95,8 @@ TRUNK = "trunk"          # a trunk port: its traffic is tagged, so per-pair rule
 REMOVING = "removing"    # DEL has begun: peers must not pair with it any more
 
 # The VLAN_VID match of rules written before pre-warm matched on "no VLAN tag": none. Such
-# rules are ours all the same (cookie), go with DEL and GC as before, and `reconcile`
-# rewrites them with the match.
+# rules (and rules whose cookie has the layout before source and destination bits) are not
+# backed by `sweep`, which removes them; `reconcile` then writes them anew.
 LEGACY_VLAN: int | None = None
 
 OFPORT_WAIT = 2.0   # vswitchd numbers a new port within milliseconds; a bound, not a pause
@@ -91,9 +108,35 @@ def network_bits(network: str) -> int:
     return int.from_bytes(hashlib.sha256(network.encode()).digest()[:2], "big") << 32
 
 
-def cookie_of(network: str, container_id: str, ifname: str) -> int:
-    low = int.from_bytes(hashlib.sha256(f"{network}/{container_id}/{ifname}".encode()).digest()[:4], "big")
-    return TN | network_bits(network) | low
+def ident_of(network: str, container_id: str, ifname: str) -> int:
+    """An attachment's identity in our cookies: "tn", its network's bits, and its own 16
+    bits where a rule's source goes. Two attachments of a network may share the 16 bits (a
+    hash): a delete by them may take a stranger's rules too (which `reconcile` writes
+    again), and `sweep` never keeps a rule for them alone (it checks ports and MACs)."""
+    own = int.from_bytes(hashlib.sha256(f"{network}/{container_id}/{ifname}".encode()).digest()[:2], "big")
+    return TN | network_bits(network) | own << 16
+
+
+def from_ident(ident: int) -> tuple[int, int]:
+    """(cookie, mask) of our rules whose packets come in on the attachment `ident`."""
+    return ident, NETWORK_MASK | SOURCE_MASK
+
+
+def to_ident(ident: int) -> tuple[int, int]:
+    """(cookie, mask) of our rules that send to the attachment `ident`."""
+    return (ident & NETWORK_MASK) | (ident & SOURCE_MASK) >> 16, NETWORK_MASK | DESTINATION_MASK
+
+
+def pair_cookie(source: int, destination: int) -> int:
+    return source | (destination & SOURCE_MASK) >> 16
+
+
+def source_ident(cookie: int) -> int:
+    return cookie & (NETWORK_MASK | SOURCE_MASK)
+
+
+def destination_ident(cookie: int) -> int:
+    return (cookie & NETWORK_MASK) | (cookie & DESTINATION_MASK) << 16
 
 
 def network_cookie(network: str) -> tuple[int, int]:
@@ -105,7 +148,7 @@ def network_cookie(network: str) -> tuple[int, int]:
 class End:
     """One attachment as a pre-warm pair sees it."""
 
-    cookie: int
+    ident: int     # ident_of(network, container id, ifname)
     port: str      # its OVS port
     ofport: int
     mac: str       # the pod interface's
@@ -114,15 +157,17 @@ class End:
     ipv6: bool
 
     def rule(self, to: End) -> Rule:
-        return Rule(self.cookie, PRIORITY, self.ofport, self.mac, to.mac, to.ofport, OFPVID_NONE)
+        return Rule(pair_cookie(self.ident, to.ident), PRIORITY, self.ofport, self.mac, to.mac, to.ofport,
+                    OFPVID_NONE)
 
     def ops(self, to: End) -> list[Op]:
-        # The strict deletes first (a cookie of ours only), so a pair warmed twice (two ADDs
-        # racing) ends with one rule, and `check_overlap` then only sees other people's. Two:
-        # a strict delete needs the whole match, and a rule written before the VLAN_VID
-        # match (LEGACY_VLAN) would otherwise overlap the new one and fail it as a conflict.
-        return [DeleteStrict(self.cookie, PRIORITY, self.ofport, self.mac, to.mac, LEGACY_VLAN),
-                DeleteStrict(self.cookie, PRIORITY, self.ofport, self.mac, to.mac, OFPVID_NONE),
+        # The strict deletes first (any cookie of ours: the same match is the same pair), so
+        # a pair warmed twice (two ADDs racing) ends with one rule, and `check_overlap` then
+        # only sees other people's. Two: a strict delete needs the whole match, and a rule
+        # written before the VLAN_VID match (LEGACY_VLAN) would otherwise overlap the new
+        # one and fail it as a conflict.
+        return [DeleteStrict(TN, PRIORITY, self.ofport, self.mac, to.mac, LEGACY_VLAN, TN_MASK),
+                DeleteStrict(TN, PRIORITY, self.ofport, self.mac, to.mac, OFPVID_NONE, TN_MASK),
                 AddRule(self.rule(to))]
 
 
@@ -162,18 +207,23 @@ def _end(db: ovsdb.Ovsdb, record: AttachmentRecord, wait: float) -> End | None:
         if time.monotonic() >= deadline:
             return None
         time.sleep(0.005)
-    return End(cookie_of(record.network, record.container_id, record.ifname), port, state.ofport,
+    return End(ident_of(record.network, record.container_id, record.ifname), port, state.ofport,
                pod[0], record.netns, record.ifname, pod[1])
 
 
-LOCK_WAIT = 5.0  # a warm or unwarm holds the bridge for milliseconds; a stuck holder is not waited for
+LOCK_WAIT = 5.0  # a warm holds the bridge for milliseconds; a stuck holder is not waited for
+LOCK_PREFIX = "prewarm-"
+MAX_LOCK_NOTE = 4096  # what a bridge's lock file says: {"ovsdb": endpoint, "bridge": name}
 
 
 @contextmanager
-def _bridge_lock(node: NodeConfig, bridge: str) -> Iterator[None]:
-    """One warm or unwarm at a time per bridge (across the agent's threads and processes);
-    OSError if another holds it for more than LOCK_WAIT seconds."""
-    path = os.path.join(node.state_dir, f"prewarm-{hashlib.sha256(bridge.encode()).hexdigest()[:16]}.lock")
+def _bridge_lock(node: NodeConfig, endpoint: str, bridge: str) -> Iterator[None]:
+    """One warm (or sweep) at a time per bridge, across the agent's threads and processes;
+    OSError if another holds it for more than LOCK_WAIT seconds. DEL takes no lock (module
+    docstring). The file names its bridge, so that `bridges_used` finds every bridge pre-warm
+    ever wrote to, also one whose last attachment is gone."""
+    name = f"{LOCK_PREFIX}{hashlib.sha256(bridge.encode()).hexdigest()[:16]}.lock"
+    path = os.path.join(node.state_dir, name)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
     try:
         deadline = time.monotonic() + LOCK_WAIT
@@ -185,9 +235,35 @@ def _bridge_lock(node: NodeConfig, bridge: str) -> Iterator[None]:
                 if time.monotonic() >= deadline:
                     raise OSError(f"pre-warm lock {path} held for more than {LOCK_WAIT:g} s") from None
                 time.sleep(0.005)
+        if os.fstat(fd).st_size == 0:
+            os.write(fd, json.dumps({"ovsdb": endpoint, "bridge": bridge}).encode())
         yield
     finally:
         os.close(fd)
+
+
+def bridges_used(node: NodeConfig) -> set[tuple[str, str]]:
+    """(OVSDB endpoint, bridge) of every bridge pre-warm has written to on this node."""
+    found: set[tuple[str, str]] = set()
+    try:
+        names = [n for n in os.listdir(node.state_dir) if n.startswith(LOCK_PREFIX) and n.endswith(".lock")]
+    except OSError:
+        return found
+    for name in names:
+        try:
+            fd = os.open(os.path.join(node.state_dir, name),
+                         os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            note = json.loads(os.read(fd, MAX_LOCK_NOTE) or b"{}")
+        except (OSError, ValueError):
+            continue
+        finally:
+            os.close(fd)
+        if isinstance(note, dict) and all(isinstance(note.get(k), str) for k in ("ovsdb", "bridge")):
+            found.add((note["ovsdb"], note["bridge"]))
+    return found
 
 
 def _same_segment(a: PortPlan, b: Plan) -> bool:
@@ -222,6 +298,13 @@ def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
     if plan.trunks:
         plan.prewarm = TRUNK
         return True
+    if not node.prewarm_bridge(plan.bridge or ""):
+        # ovs-offload finds its bridge at ADD: one the admin did not name gets no rules.
+        plan.prewarm = FAILED
+        logger.warning("prewarm.failed", port=plan.port_name(),
+                       error=f"bridge {plan.bridge!r} is not one pre-warm may run on "
+                             "(node config prewarmBridges)")
+        return True
     started = time.monotonic()
     target = openflow.mgmt_target(db.endpoint, plan.bridge or "")
     try:
@@ -232,10 +315,14 @@ def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
             logger.warning("prewarm.failed", port=plan.port_name(),
                            error="the port has no OpenFlow number or the pod interface no MAC")
             return True
-        with _bridge_lock(node, plan.bridge or ""):
-            pairs = [(p, e) for p in peers(records_of(node, record), record, node.prewarm_max_peers)
+        with _bridge_lock(node, db.endpoint, plan.bridge or ""):
+            records = records_of(node, record)
+            pairs = [(p, e) for p in peers(records, record, node.prewarm_max_peers)
                      if (e := _end(db, p, 0)) is not None]
             written, conflicts = _write(target, me, [e for _, e in pairs]) if pairs else ([], 0)
+            if written:
+                written = _still_there(records, switch_for(target),
+                                       [(p, e) for p, e in pairs if e in written])
     except (ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure, openflow.OpenflowError, OSError) as exc:
         plan.prewarm = FAILED
         logger.warning("prewarm.failed", port=plan.port_name(), error=str(exc))
@@ -259,6 +346,39 @@ def warm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> bool:
     logger.info("prewarm.done", port=me.port, pairs=len(written), remote_peers=remote, conflicts=conflicts,
                 flows_seen=seen, state=plan.prewarm, ms=round((time.monotonic() - started) * 1000, 2))
     return True
+
+
+def _still_there(records: RecordStore, switch: openflow.Switch,
+                 written: list[tuple[AttachmentRecord, End]]) -> list[End]:
+    """After the rules are in: the peers whose DEL has not begun meanwhile. A DEL marks its
+    record `removing` (or it is gone), then removes its rules without a lock — possibly
+    before this warm wrote rules to it: those go here (module docstring)."""
+    kept = []
+    for peer, end in written:
+        try:
+            now = records.load(*peer.key)
+        except CorruptRecord:
+            now = None
+        if now is not None and now.phase == PHASE_READY and getattr(now.plan, "prewarm", "") != REMOVING:
+            kept.append(end)
+            continue
+        _remove(switch, end.ident, end.ofport)
+        log.get("tenantnet.prewarm").info("prewarm.peer_left", port=end.port,
+                                          error="its DEL began while this pair was written: "
+                                                "its rules removed")
+    return kept
+
+
+def _remove(switch: openflow.Switch, ident: int, ofport: int | None) -> None:
+    """Every rule of ours from or to the attachment `ident` (on port `ofport`, if known)."""
+    switch.delete(*from_ident(ident))
+    switch.delete(*to_ident(ident))
+    if ofport is not None:
+        # By number too: whatever cookie a rule has (an older layout, another hash), ours
+        # that send to this port or take packets from it go with it. A MAC alone would not
+        # do: a NAD may give another tenant's pod the same MAC.
+        switch.delete(TN, TN_MASK, out_port=ofport)
+        switch.delete(TN, TN_MASK, in_port=ofport)
 
 
 def _keep_flows(node: NodeConfig, db: ovsdb.Ovsdb) -> None:
@@ -349,9 +469,10 @@ def _flows_seen(endpoint: str, me: End, others: list[End]) -> bool:
 
 def unwarm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord) -> None:
     """Remove every rule of ours that this attachment's packets come in on, or that sends to
-    its port. Runs before the port is deleted. Never fails the DEL: what it cannot remove
-    now (OVS unreachable, the bridge gone) GC removes later, and a rule whose port is gone
-    sends nowhere until then."""
+    its port. Runs before the port is deleted, and waits for no lock. Never fails the DEL:
+    what it cannot remove now (OVS unreachable, the bridge gone) `sweep` removes later, and
+    a rule whose port is gone sends nowhere until then (OVS gives the number to no new port
+    for an hour, and no tenant may ask for it on a bridge that pre-warms)."""
     plan = record.plan
     if not enabled(plan):
         return
@@ -369,20 +490,17 @@ def _unwarm(node: NodeConfig, db: ovsdb.Ovsdb, record: AttachmentRecord, plan: P
     port = plan.port_name()
     state = db.port(port) if port else None
     ofport = state.ofport if state is not None and state.ofport and state.ofport > 0 else None
-    with _bridge_lock(node, plan.bridge or ""):
-        if record.phase == PHASE_READY and plan.prewarm != REMOVING:
-            try:
-                records = records_of(node, record)
-                if records.load(*record.key) is not None:
-                    plan.prewarm = REMOVING
-                    records.save(record, rewrite=True)
-            except (OSError, ValueError):
-                pass  # the rules go anyway; a peer warm meanwhile is undone by GC
-        switch.delete(cookie_of(record.network, record.container_id, record.ifname), (1 << 64) - 1)
-        if ofport is not None:
-            # Only rules of ours that output to this very port: a MAC alone could be another
-            # tenant's pod, given the same MAC by its NAD.
-            switch.delete(TN, TN_MASK, out_port=ofport)
+    # The mark first, the removal second: a peer's warm that writes after this removal reads
+    # the mark afterwards, and removes what it wrote (`_still_there`).
+    if record.phase == PHASE_READY and plan.prewarm != REMOVING:
+        try:
+            records = records_of(node, record)
+            if records.load(*record.key) is not None:
+                plan.prewarm = REMOVING
+                records.save(record, rewrite=True)
+        except (OSError, ValueError):
+            pass  # the rules go anyway; a peer's warm meanwhile is undone by `sweep`
+    _remove(switch, ident_of(record.network, record.container_id, record.ifname), ofport)
 
 
 # ---- peers on other nodes (cluster mode) ------------------------------------------------
@@ -562,32 +680,35 @@ def sync_remote(node: NodeConfig, greeted: set[str], plan_type: Callable[[str], 
 
 
 def reconcile(node: NodeConfig, plan_type: Callable[[str], type[Plan]]) -> int:
-    """Re-warm attachments whose rules are gone while they still have peers here — what an
-    ovs-vswitchd restart does (OpenFlow tables are not persistent) — and rewrite our rules
-    written before the VLAN_VID match (`_upgrade`). The agent runs it periodically; it only
-    ever adds our own rules. Returns how many attachments were re-warmed."""
+    """The agent's round, every prewarmReconcileInterval (and at its start): `sweep` every
+    bridge pre-warm has written to, then re-warm the attachments whose rules are gone while
+    they still have peers here — what an ovs-vswitchd restart does (OpenFlow tables are not
+    persistent), and what the sweep does to a rule of an older shape. It adds rules only
+    through `warm`. Returns how many attachments were re-warmed."""
     from tenantnet.plugin.drivers import ovsport
 
     records = RecordStore(node.state_dir, plan_type)
-    mine = [r for r in records.list() if isinstance(r, AttachmentRecord) and r.phase == PHASE_READY
-            and enabled(r.plan) and getattr(r.plan, "prewarm", "") in (WARM, RULES_ONLY, FAILED)]
+    listed = [r for r in records.list() if isinstance(r, AttachmentRecord)]
+    where_of = {r.key: (ovsport.ovsdb_for(node, r.plan.ovsdb).endpoint, r.plan.bridge or "")
+                for r in listed if enabled(r.plan) and isinstance(r.plan, PortPlan)}
+    present: dict[tuple[str, str], tuple[set[int], set[int]]] = {}
+    for where in sorted(bridges_used(node) | set(where_of.values())):
+        try:
+            present[where] = sweep(node, where[0], where[1], plan_type)
+        except (openflow.OpenflowError, ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure, OSError) as exc:
+            # OSError: the bridge lock, or the bridge's socket gone with it; the next round retries.
+            log.get("tenantnet.prewarm").info("prewarm.sweep_skipped", bridge=where[1], error=str(exc))
     rewarmed = 0
-    present: dict[tuple[str, str], set[int]] = {}
-    for r in mine:
+    for r in listed:
         plan = r.plan
+        if r.phase != PHASE_READY or not enabled(plan) or \
+                getattr(plan, "prewarm", "") not in (WARM, RULES_ONLY, FAILED):
+            continue
         assert isinstance(plan, PortPlan)
-        db = ovsport.ovsdb_for(node, plan.ovsdb)
-        where = (db.endpoint, plan.bridge or "")
-        if where not in present:
-            try:
-                switch = switch_for(openflow.mgmt_target(*where))
-                ours = switch.rules(TN, TN_MASK)
-                if any(_legacy(x) for x in ours):
-                    _upgrade(node, switch, where[1])
-                present[where] = {x.cookie for x in ours}
-            except (openflow.OpenflowError, OSError):  # OSError: the bridge lock; next round retries
-                continue
-        if cookie_of(r.network, r.container_id, r.ifname) in present[where]:
+        where = where_of[r.key]
+        ident = ident_of(r.network, r.container_id, r.ifname)
+        # Both ways: a pair's rules are written by the newer of the two, and either may go.
+        if where not in present or (ident in present[where][0] and ident in present[where][1]):
             continue
         # Under the attachment's own lock, and only if it is still there and ready: a DEL
         # running meanwhile must not see its record written back or re-paired.
@@ -595,66 +716,84 @@ def reconcile(node: NodeConfig, plan_type: Callable[[str], type[Plan]]) -> int:
             now = records.load(*r.key)
             if now is None or now.phase != PHASE_READY or getattr(now.plan, "prewarm", "") == REMOVING:
                 continue
-            if warm(node, db, now):
+            if warm(node, ovsport.ovsdb_for(node, plan.ovsdb), now):
                 records.save(now, rewrite=True)
                 rewarmed += 1
-                present.pop(where, None)  # its warm wrote peers' rules too: read again
     return rewarmed
 
 
-def _legacy(rule: Rule) -> bool:
-    """A rule of pre-warm's shape (read back with our cookie) without the VLAN_VID match."""
-    return rule.output > 0 and rule.vlan_vid is LEGACY_VLAN
+@dataclass(frozen=True)
+class _Live:
+    """An attachment as `sweep` finds it now: its port's number in OVS, its MAC, its segment."""
+
+    ofport: int
+    mac: str
+    network: str
+    vlan: int | None
 
 
-def _upgrade(node: NodeConfig, switch: openflow.Switch, bridge: str) -> int:
-    """Rewrite our legacy-shape rules on `bridge` with the VLAN_VID match, each in a bundle
-    of its own (its strict delete, then the add). Read again under the bridge lock: a rule
-    that a DEL removed after the caller's read must not come back. A rule whose new shape
-    somebody else's rule has or overlaps stays as it was. Returns how many were rewritten."""
-    done = 0
-    with _bridge_lock(node, bridge):
-        for old in [r for r in switch.rules(TN, TN_MASK) if _legacy(r)]:
-            new = replace(old, vlan_vid=OFPVID_NONE)
-            if _taken(switch, new):
+def sweep(node: NodeConfig, endpoint: str, bridge: str,
+          plan_type: Callable[[str], type[Plan]]) -> tuple[set[int], set[int]]:
+    """Remove every rule of ours on `bridge` that is not backed by the live state: a rule
+    `in_port=A, dl_src=a, dl_dst=b, untagged → output:B` stays only while the attachments its
+    cookie names as source and destination are recorded on this bridge, neither `removing`,
+    with MACs a and b, on ports whose numbers in OVS are A and B now, of one network and
+    VLAN. Anything else — a departed attachment's, one whose port was deleted and its
+    number given to another, an older rule shape — goes. Rules, records and port numbers
+    are all read under the bridge lock, so that no warm is between its write and its
+    re-read, and no attachment warmed after a listing is taken for a stranger. Returns the
+    identities of the attachments with rules left, as source and as destination."""
+    from tenantnet.plugin.drivers import ovsport
+
+    switch = switch_for(openflow.mgmt_target(endpoint, bridge))
+    with _bridge_lock(node, endpoint, bridge):
+        rules = switch.rules(TN, TN_MASK)
+        if not rules:
+            return set(), set()
+        live: dict[int, list[_Live]] = {}
+        for r in RecordStore(node.state_dir, plan_type).list():
+            if not isinstance(r, AttachmentRecord):
                 continue
-            try:
-                switch.bundle([DeleteStrict(old.cookie, old.priority, old.in_port, old.eth_src, old.eth_dst,
-                                            LEGACY_VLAN), AddRule(new)])
-                done += 1
-            except openflow.OpenflowError as exc:
-                if not exc.overlap:
-                    raise
-    if done:
-        log.get("tenantnet.prewarm").info("prewarm.rules_upgraded", bridge=bridge, rules=done)
-    return done
+            plan = r.plan
+            if not isinstance(plan, PortPlan) or (plan.bridge or "") != bridge or plan.prewarm == REMOVING \
+                    or ovsport.ovsdb_for(node, plan.ovsdb).endpoint != endpoint:
+                continue
+            pod, port = _pod_interface(r), plan.port_name()
+            state = ovsport.ovsdb_for(node, plan.ovsdb).port(port) if pod is not None and port else None
+            if pod is not None and state is not None and state.ofport and state.ofport > 0:
+                live.setdefault(ident_of(r.network, r.container_id, r.ifname), []).append(
+                    _Live(state.ofport, pod[0], r.network, plan.vlan))
+        kept = [rule for rule in rules if _backed(rule, live)]
+        doomed = [rule for rule in rules if rule not in set(kept)] if len(kept) < len(rules) else []
+        strict: list[Op] = [DeleteStrict(d.cookie, d.priority, d.in_port, d.eth_src, d.eth_dst, d.vlan_vid)
+                  for d in doomed if d.output > 0]
+        if strict:
+            switch.bundle(strict)
+        for d in doomed:
+            if d.output <= 0:
+                # A rule of ours of another shape (other match fields or actions) has no
+                # strict match to name: by its exact cookie.
+                switch.delete(d.cookie, (1 << 64) - 1)
+        if doomed:
+            log.get("tenantnet.prewarm").info("prewarm.swept", bridge=bridge, rules=len(doomed))
+        return {source_ident(rule.cookie) for rule in kept}, {destination_ident(rule.cookie) for rule in kept}
+
+
+def _backed(rule: Rule, live: dict[int, list[_Live]]) -> bool:
+    if rule.priority != PRIORITY or rule.output <= 0 or rule.vlan_vid != OFPVID_NONE:
+        return False
+    sources = [s for s in live.get(source_ident(rule.cookie), [])
+               if (s.ofport, s.mac) == (rule.in_port, rule.eth_src)]
+    targets = [d for d in live.get(destination_ident(rule.cookie), [])
+               if (d.ofport, d.mac) == (rule.output, rule.eth_dst)]
+    return any((s.network, s.vlan) == (d.network, d.vlan) for s in sources for d in targets)
 
 
 def collect_garbage(node: NodeConfig, db_endpoint: str, network: str, bridges: set[str],
                     record_type: type[Plan]) -> int:
-    """GC: remove our rules of `network` on `bridges` that belong to no recorded attachment —
-    by their cookie (the attachment they come in on) or their destination MAC (the one they
-    send to). Returns how many went."""
-    records = RecordStore(node.state_dir, lambda mode: record_type)
-    removed = 0
-    for bridge in sorted(b for b in bridges if b):
-        switch = switch_for(openflow.mgmt_target(db_endpoint, bridge))
-        with _bridge_lock(node, bridge):
-            # Rules first, records second: a rule written after the listing belongs to a
-            # record saved before it, which the listing below then sees.
-            rules = switch.rules(*network_cookie(network))
-            live, macs = set(), set()
-            # Every record of the node, not only this network's: two networks' 16-bit hashes
-            # may be equal, and neither's GC may take the other's rules for stale.
-            for r in records.list():
-                if isinstance(r, AttachmentRecord):
-                    live.add(cookie_of(r.network, r.container_id, r.ifname))
-                    pod = _pod_interface(r)
-                    if pod is not None and getattr(r.plan, "prewarm", "") != REMOVING:
-                        macs.add(pod[0])
-            doomed = [r for r in rules if r.cookie not in live or r.eth_dst not in macs]
-            if doomed:
-                switch.bundle([DeleteStrict(r.cookie, r.priority, r.in_port, r.eth_src, r.eth_dst, r.vlan_vid)
-                               for r in doomed])
-                removed += len(doomed)
-    return removed
+    """GC: `sweep` the network's bridges (every rule of ours there that no live attachment
+    backs goes, whatever its network). Records of another mode read as plain plans here, so
+    their rules on these bridges go too — `reconcile` writes them again. Returns how many
+    attachments have rules left."""
+    return sum(len(sweep(node, db_endpoint, bridge, lambda mode: record_type)[0])
+               for bridge in sorted(b for b in bridges if b))

@@ -183,8 +183,9 @@ class AddRule:
 
 @dataclass(frozen=True)
 class DeleteStrict:
-    """OFPFC_DELETE_STRICT in table 0 of the rule with exactly this cookie, priority and match
-    (`vlan_vid` None: a match without VLAN_VID, as a strict delete needs the whole match)."""
+    """OFPFC_DELETE_STRICT in table 0 of the rule with exactly this priority and match
+    (`vlan_vid` None: a match without VLAN_VID, as a strict delete needs the whole match)
+    and a cookie equal to `cookie` under `cookie_mask` (all ones: exactly this cookie)."""
 
     cookie: int
     priority: int
@@ -192,6 +193,7 @@ class DeleteStrict:
     eth_src: str
     eth_dst: str
     vlan_vid: int | None = None
+    cookie_mask: int = ALL_ONES
 
 
 Op = AddRule | DeleteStrict
@@ -288,7 +290,7 @@ def encode_op(xid: int, op: Op) -> bytes:
                         flags=OFPFF_CHECK_OVERLAP if op.check_overlap else 0,
                         match=encode_match(r.in_port, r.eth_src, r.eth_dst, r.vlan_vid),
                         instructions=apply_output(r.output))
-    return flow_mod(xid, command=OFPFC_DELETE_STRICT, cookie=op.cookie, cookie_mask=ALL_ONES,
+    return flow_mod(xid, command=OFPFC_DELETE_STRICT, cookie=op.cookie, cookie_mask=op.cookie_mask,
                     priority=op.priority, match=encode_match(op.in_port, op.eth_src, op.eth_dst, op.vlan_vid))
 
 
@@ -486,12 +488,12 @@ class Switch:
             self._call(f"writing {len(ops)} OpenFlow rule changes to {self.target}", self._bundle, ops)
 
     def delete(self, cookie: int, cookie_mask: int, eth_dst: str | None = None,
-               out_port: int | None = None) -> None:
+               out_port: int | None = None, in_port: int | None = None) -> None:
         """Delete every rule (any table, priority, port) whose cookie matches under the mask
-        and, if given, that matches `eth_dst` as its destination MAC and outputs to
-        `out_port`; done when this returns."""
+        and, if given, that matches `eth_dst` as its destination MAC, `in_port` as its input
+        port, and outputs to `out_port`; done when this returns."""
         what = f"deleting OpenFlow rules cookie={cookie:#x}/{cookie_mask:#x} on {self.target}"
-        match = encode_match(eth_dst=eth_dst) if eth_dst is not None else encode_match()
+        match = encode_match(in_port=in_port, eth_dst=eth_dst)
         self._call(what, self._delete, cookie, cookie_mask, match,
                    OFPP_ANY if out_port is None else _check_u(out_port, 32, "out_port"))
 
