@@ -68,10 +68,16 @@ class Plugin:
         self.node = node
         self.records = RecordStore(node.state_dir, modes.plan_type)
         self.log = get_log("tenantnet.plugin.core")
+        # An ADD that failed after its record was written has its line (add.failed); the
+        # entry layer logs every other refusal (tenantnet/entry/plugin.py).
+        self.add_failure_logged = False
 
     # ---- ADD --------------------------------------------------------------------------
     def add(self, env: CniEnv, conf: NetConf) -> dict[str, Any]:
         tconf = tnconf.settle(conf, env, self.node, self.log)
+        if tconf.device_info_file:  # this attachment's name only; its directory made, before any change
+            devinfo.accepted(tconf.device_info_file, env.container_id, env.ifname, self.node.device_info_dir)
+            devinfo.ensure_directory(self.node.device_info_dir)
         driver = modes.for_mode(tconf.mode, self.node)
         _require_pod_netns(env)
         with self._locked(env):
@@ -122,7 +128,7 @@ class Plugin:
                 conf={k: v for k, v in conf.raw.items() if k != "prevResult"},
             )
             plan.cni_args = ipam_client.call_for(env).cni_args
-            plan.device_info_file = tconf.device_info_file  # DEL removes it
+            plan.device_info_file = tconf.device_info_file  # DEL removes it, if ADD wrote it
             try:
                 self.records.save(record)  # intent first: from here on a crash is recoverable
             except OSError as exc:
@@ -143,8 +149,7 @@ class Plugin:
             pending = attached.pending
             faults.step("add.attached")
             if tconf.device_info_file and attached.device_info:
-                devinfo.write(tconf.device_info_file, attached.device_info, self.node.device_info_dir)
-                record.mark(STEP_DEVINFO)  # only ours once written: a refused write removes nothing
+                self._write_devinfo(record, tconf.device_info_file, attached.device_info)
                 faults.step("add.devinfo-written")
             ipam_result = Result()
             if allocating is not None:
@@ -184,6 +189,7 @@ class Plugin:
             err = system_error(exc, f"ADD {env.container_id}/{env.ifname} on network {conf.name}")
             self.log.warning("add.failed", network=conf.name, container_id=env.container_id,
                              ifname=env.ifname, code=err.code, error=err.msg)
+            self.add_failure_logged = True
             if not isinstance(exc, CniError):
                 self.log.debug("add.failed.traceback", exc_info=exc)
             self._rollback(record, env, driver)
@@ -192,6 +198,24 @@ class Plugin:
                       ifname=env.ifname, mode=tconf.mode, pod=f"{record.pod.namespace}/{record.pod.name}",
                       ms=round((time.perf_counter() - started) * 1000, 2))
         return result.to_dict(conf.cni_version)
+
+    def _write_devinfo(self, record: AttachmentRecord, path: str, info: dict[str, str]) -> None:
+        """The device-info file, written only where nothing is (devinfo.py): its identity is
+        in the record on disk before the file has its name, so that DEL, GC or a retried ADD
+        removes exactly that file, and nothing else, whenever this one stops."""
+        staged = devinfo.stage(path, info, self.node.device_info_dir)
+        record.plan.device_info_id = staged.identity
+        record.mark(STEP_DEVINFO)
+        try:
+            self.records.save(record, rewrite=True)
+        except OSError as exc:
+            raise CniError(Code.IO_FAILURE, f"cannot write the attachment record under "
+                                            f"{self.records.root}: {exc.strerror or exc}") from None
+        if not devinfo.publish(staged):
+            self.log.info("devinfo.kept", network=record.network, container_id=record.container_id,
+                          ifname=record.ifname, path=path,
+                          reason="a file tenantnet did not write is there already (Multus copies the "
+                                 "device plugin's file there); kept as it is, and not removed on DEL")
 
     def _ready(self, record: AttachmentRecord, tconf: tnconf.TenantnetConf, driver: drivers.Driver) -> None:
         """The driver's after-ready work (pre-warm): it never fails the ADD, whose result the
@@ -284,8 +308,8 @@ class Plugin:
             releasing.wait()
         ipam_failure = releasing.result()
         devinfo_file = record.plan.device_info_file
-        if devinfo_file and (record.progress is None or STEP_DEVINFO in record.progress):
-            devinfo.remove(devinfo_file, self.node.device_info_dir)
+        if devinfo_file:  # only the file ADD wrote, while it is still that file (devinfo.py)
+            devinfo.remove(devinfo_file, record.plan.device_info_id, self.node.device_info_dir)
             faults.step("del.devinfo-removed")
         if ipam_failure is not None:
             raise ipam_failure

@@ -52,14 +52,18 @@ class Plan:
     Keys this version does not know are ignored on reading (a newer tenantnet's additions)."""
 
     # The core's part: CNI_ARGS of the ADD (IPAM DEL gets the same), the device-info file
-    # ADD wrote (DEL removes it), and "a record-less DEL found nothing of this attachment".
+    # ADD was given and the identity ("device:inode") of the one it wrote there (DEL removes
+    # only that file, tenantnet/plugin/devinfo.py), and "a record-less DEL found nothing of
+    # this attachment".
     cni_args: str = ""
     device_info_file: str | None = None
+    device_info_id: str | None = None
     nothing_owned: bool = False
 
     # Fields holding an object with to_dict(): how to read it back.
     _decoders: ClassVar[dict[str, Callable[[Any], Any]]] = {}
-    _CORE: ClassVar[frozenset[str]] = frozenset({"cni_args", "device_info_file", "nothing_owned"})
+    _CORE: ClassVar[frozenset[str]] = frozenset({"cni_args", "device_info_file", "device_info_id",
+                                                 "nothing_owned"})
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}

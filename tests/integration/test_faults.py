@@ -67,6 +67,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tenantnet.lab.nic import LabNic
 from tenantnet.plugin import faults
@@ -303,7 +304,9 @@ class Node:
                                     "ipam": {**hostlocal, "ranges": [[{"subnet": "10.181.0.0/24"}]]}}
         else:
             assert self.vf is not None
-            devinfo = f"{lab.root}/devinfo/{self.network}-{cid[:16]}-net1.json"
+            # The name Multus gives this attachment's file (the only one tenantnet writes).
+            devinfo_dir = (yaml.safe_load(lab.node_config.read_text()) or {}).get("deviceInfoDir")
+            devinfo = f"{devinfo_dir or lab.root / 'devinfo'}/faults-{self.network}-{cid}_net1"
             base = {"deviceID": self.vf["address"], "mac": "02:18:00:00:00:01", "mtu": 1400,
                     "runtimeConfig": {"CNIDeviceInfoFile": devinfo}}
             if self.mode == "sriov":

@@ -114,31 +114,54 @@ def test_short_form_and_unwinding_on_failure(nic_lab, tmp_path):
     assert nodestate.diff(before, nodestate.snapshot(nic_lab)) == ""
 
 
-def test_device_info_file_is_merged_and_written_atomically(tmp_path):
-    from tenantnet.plugin import devinfo
+def test_device_info_file_is_the_attachments_own_and_only_removed_while_ours(tmp_path):
+    import os
 
-    path = tmp_path / "devinfo" / "ns-nad-cid_net1"
-    path.parent.mkdir()
-    path.write_text(json.dumps({"type": "pci", "version": "1.0.0", "pci": {"pci-address": "old"},
-                                "extra": "kept"}))
-    doc = devinfo.write(str(path), {"pci-address": "0000:3b:00.2", "pf-pci-address": "0000:3b:00.0"},
-                        str(tmp_path / "devinfo"))
-    assert json.loads(path.read_text()) == doc
-    assert doc == {"type": "pci", "version": "1.1.0", "extra": "kept",
-                   "pci": {"pci-address": "0000:3b:00.2", "pf-pci-address": "0000:3b:00.0"}}
-    assert [p.name for p in path.parent.iterdir()] == [path.name]  # no temp file left
     import pytest
 
     from cni.errors import CniError
+    from tenantnet.plugin import devinfo
 
-    with pytest.raises(CniError) as err:
-        devinfo.write(str(tmp_path / "a" / ".." / "b"), {}, str(tmp_path))
-    assert err.value.code == 7 and "CNIDeviceInfoFile" in err.value.msg
-    with pytest.raises(CniError) as err:  # outside the device-info directory
-        devinfo.write(str(tmp_path / "elsewhere"), {}, str(tmp_path / "devinfo"))
-    assert err.value.code == 7 and "allowed directories" in err.value.msg
-    (tmp_path / "devinfo" / "link").symlink_to(tmp_path / "target")
-    with pytest.raises(CniError) as err:  # a symlink is never written through
-        devinfo.write(str(tmp_path / "devinfo" / "link"), {}, str(tmp_path / "devinfo"))
-    assert err.value.code == 7 and not (tmp_path / "target").exists()
-    assert devinfo.remove(str(path), str(tmp_path / "devinfo")) and not path.exists()
+    folder = tmp_path / "devinfo" / "cni"
+    name = str(folder / "ml-rail-vf-cid1_net2")
+    assert devinfo.accepted(name, "cid1", "net2", str(folder)) == name
+    for value, why in ((str(folder / "ml-rail-vf-cid2_net2"), "cid1_net2"),  # another pod's
+                       (str(folder / "ml-rail-vf-cid1_net3"), "cid1_net2"),  # another interface's
+                       (str(folder / "cid1_net2"), "<NAD namespace>-<NAD name>"),
+                       (str(folder / "Upper-case-cid1_net2"), "<NAD namespace>-<NAD name>"),
+                       (str(folder / "sub" / "ml-rail-vf-cid1_net2"), "<NAD namespace>-<NAD name>"),
+                       (str(tmp_path / "devinfo" / "dp" / "x-device.json"), "allowed directories"),
+                       (f"{folder}/../cni/ml-rail-vf-cid1_net2", "plain path")):
+        with pytest.raises(CniError) as err:
+            devinfo.accepted(value, "cid1", "net2", str(folder))
+        assert err.value.code == 7 and "runtimeConfig.CNIDeviceInfoFile" in err.value.msg and why in err.value.msg
+
+    staged = devinfo.stage(name, {"pci-address": "0000:3b:00.2"}, str(folder))  # makes the folder
+    assert stat_mode(folder) == 0o700 and stat_mode(folder.parent) == 0o755
+    assert not os.path.exists(name) and devinfo.publish(staged)
+    assert json.loads(Path(name).read_text()) == {"type": "pci", "version": "1.1.0",
+                                                  "pci": {"pci-address": "0000:3b:00.2"}}
+    assert stat_mode(Path(name)) == 0o600 and sorted(os.listdir(folder)) == [os.path.basename(name)]
+    # a second writer never replaces what is there
+    again = devinfo.stage(name, {"pci-address": "other"}, str(folder))
+    assert not devinfo.publish(again) and "other" not in Path(name).read_text()
+    assert sorted(os.listdir(folder)) == [os.path.basename(name)]
+    # removed while it is ours; a file made in its place (even on the same inode) is not
+    assert devinfo.remove(name, staged.identity, str(folder)) and not os.path.exists(name)
+    staged = devinfo.stage(name, {"pci-address": "0000:3b:00.2"}, str(folder))
+    assert devinfo.publish(staged)
+    os.unlink(name)
+    Path(name).write_text("someone else's")
+    assert not devinfo.remove(name, staged.identity, str(folder)) and Path(name).read_text() == "someone else's"
+    assert not devinfo.remove(name, staged.identity, str(tmp_path / "elsewhere"))
+    # a crash between staging and recording: DEL removes the staging file (a name only
+    # tenantnet makes, for this attachment) but nothing at the name itself
+    devinfo.stage(name, {"pci-address": "x"}, str(folder))
+    assert not devinfo.remove(name, None, str(folder))
+    assert sorted(os.listdir(folder)) == [os.path.basename(name)]
+
+
+def stat_mode(path: Path) -> int:
+    import stat
+
+    return stat.S_IMODE(path.lstat().st_mode)
