@@ -63,17 +63,69 @@ def handle(env: CniEnv, raw: dict[str, Any], node: NodeConfig, *, set_up_logging
 
     try:
         log_file, log_level = settings.log_settings(raw, node)
-    except CniError:
+    except CniError as err:
         if set_up_logging:
             logsetup.setup_one_shot(node.log_file, node.log_level)
         if env.command != "DEL":
+            log_refused(env.command, env.container_id, env.ifname, raw, err.code, err.msg)
             raise
         log.get("tenantnet").warning("log_settings.ignored", error="the NAD's logFile/logLevel is "
                                      "not allowed; DEL goes on and logs here")
     else:
         if set_up_logging:
             logsetup.setup_one_shot(log_file, log_level)
-    return dispatch(Plugin(node), env, raw)
+    plugin = Plugin(node)
+    try:
+        return dispatch(plugin, env, raw)
+    except CniError as err:
+        if not plugin.add_failure_logged:
+            log_refused(env.command, env.container_id, env.ifname, raw, err.code, err.msg)
+        raise
+
+
+# What a refusal line keeps of each caller-given string (a value in a message can be large).
+_LOGGED_CHARS = 1024
+
+
+def log_refused(command: str, container_id: str, ifname: str, raw: object, code: object,
+                msg: object) -> None:
+    """One structured line for a refused ADD (event add.refused: the CNI code and message,
+    the container id, ifname and network where known), whatever refused it: the env, stdin,
+    the config, the settings or the policy. An ADD that failed after its record was written
+    has its own line (add.failed); other verbs log their own outcomes."""
+    if command != "ADD":
+        return
+    try:
+        from tenantnet.plugin import log
+
+        network = raw.get("name") if isinstance(raw, dict) else None
+
+        def clip(value: object) -> str | None:
+            return value[:_LOGGED_CHARS] if isinstance(value, str) and value else None
+
+        log.get("tenantnet").warning("add.refused", code=code, msg=clip(msg), container_id=clip(container_id),
+                                     ifname=clip(ifname), network=clip(network))
+    except Exception:
+        pass  # a log that cannot be written must not change the answer
+
+
+def _log_refused_answer(environ: Mapping[str, str], stdin: bytes, text: str) -> None:
+    """`log_refused` for an answer made before the handler ran (env or stdin refused)."""
+    import json
+
+    from cni.netconf import decode_json
+
+    try:
+        answer = json.loads(text)
+    except ValueError:
+        answer = {}
+    try:
+        raw: object = decode_json(stdin)
+    except Exception:
+        raw = {}
+    answer = answer if isinstance(answer, dict) else {}
+    log_refused(environ.get("CNI_COMMAND", ""), environ.get("CNI_CONTAINERID", ""),
+                environ.get("CNI_IFNAME", ""), raw, answer.get("code"), answer.get("msg"))
 
 
 def refuse_delegated(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str] | None:
@@ -115,12 +167,19 @@ def run_call(environ: Mapping[str, str], stdin: bytes, node: Callable[[], NodeCo
 
     refused = refuse_delegated(environ, stdin)
     if refused is not None:
+        _log_refused_answer(environ, stdin, refused[1])
         return refused
+    reached: list[bool] = []
 
     def handler(env: CniEnv, raw: dict[str, Any]) -> dict[str, Any] | None:
-        return handle(env, raw, node(), set_up_logging=set_up_logging)
+        config = node()
+        reached.append(True)  # from here on, `handle` logs a refusal itself
+        return handle(env, raw, config, set_up_logging=set_up_logging)
 
-    return skel.run(handler, environ, stdin, log_unexpected)
+    code, text = skel.run(handler, environ, stdin, log_unexpected)
+    if code and not reached:  # the env or stdin was refused before the handler ran
+        _log_refused_answer(environ, stdin, text)
+    return code, text
 
 
 def _node_log_target(node: Callable[[], NodeConfig]) -> None:
@@ -138,9 +197,6 @@ def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
     """One CNI call in this process (the shim's fallback when no agent answers)."""
     from tenantnet.plugin import nodeconfig
 
-    refused = refuse_delegated(environ, stdin)
-    if refused is not None:
-        return refused
     loaded: list[NodeConfig] = []
 
     def node() -> NodeConfig:  # read once per exec; a failed read is retried (and reported)
@@ -158,10 +214,29 @@ def run_in_process(environ: Mapping[str, str], stdin: bytes) -> tuple[int, str]:
     return code, text
 
 
+def log_shim_refusal(environb: Mapping[bytes, bytes], answer: bytes) -> None:
+    """An ADD the shim refused itself (stdin over 1 MiB, before any agent or in-process
+    call): its `add.refused` line in the node's log."""
+    import os
+
+    from tenantnet.entry import logsetup
+    from tenantnet.plugin import nodeconfig
+
+    environ = {os.fsdecode(k): os.fsdecode(v) for k, v in environb.items()}
+    if environ.get("CNI_COMMAND") != "ADD":
+        return
+    try:
+        config = nodeconfig.load(environ=environ)
+    except Exception:
+        return  # no node config to find the log by; the answer itself says what was refused
+    logsetup.setup_one_shot(config.log_file, config.log_level)
+    _log_refused_answer(environ, b"", answer.decode("utf-8", "replace"))
+
+
 def main() -> None:
     from tenantnet.entry import shim
 
-    shim.main("tenantnet", run_in_process)
+    shim.main("tenantnet", run_in_process, log_shim_refusal)
 
 
 if __name__ == "__main__":

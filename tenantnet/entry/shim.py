@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
     InProcess = Callable[[Mapping[str, str], bytes], tuple[int, str]]
+    # Told of a call the shim refuses itself (env as bytes, the error document it prints).
+    Refused = Callable[[Mapping[bytes, bytes], bytes], None]
 
 MAGIC = b"tenantnet/1"
 # Seconds the shim waits for the agent's answer (connect + send + answer). An answer later
@@ -245,8 +247,7 @@ def error_json(stdin: bytes, code: int, msg: str, details: str = "") -> bytes:
     return json.dumps(out).encode() + b"\n"
 
 
-def _in_process(in_process: InProcess, stdin: bytes) -> tuple[int, bytes]:
-    """The same request without an agent: the full plugin in this process."""
+def _load_site() -> None:
     if sys.flags.no_site and "site" not in sys.modules:
         # Started with -S (the fast path needs only the standard library): the libraries
         # of a venv or system install are found through site, so run it now. The installed
@@ -254,18 +255,23 @@ def _in_process(in_process: InProcess, stdin: bytes) -> tuple[int, bytes]:
         import site
 
         site.main()
+
+
+def _in_process(in_process: InProcess, stdin: bytes) -> tuple[int, bytes]:
+    """The same request without an agent: the full plugin in this process."""
+    _load_site()
     import os
 
     code, text = in_process(os.environ, stdin)
     return code, (text + "\n").encode() if text else b""
 
 
-def main(plugin: str, in_process: InProcess) -> None:
+def main(plugin: str, in_process: InProcess, on_refused: Refused | None = None) -> None:
     """The executable: serve one exec of `plugin` (falling back to `in_process`) and exit.
     When the agent answered, exit at once: the answer is written and flushed, and the
     interpreter's orderly shutdown (module teardown, ≈ 2–3 ms here) would only delay the
     runtime. After the in-process fallback, exit normally so that its libraries can finish."""
-    code = run(plugin, in_process)
+    code = run(plugin, in_process, on_refused)
     if _served_by_agent:
         import posix
 
@@ -276,7 +282,7 @@ def main(plugin: str, in_process: InProcess) -> None:
 _served_by_agent = False
 
 
-def run(plugin: str, in_process: InProcess) -> int:
+def run(plugin: str, in_process: InProcess, on_refused: Refused | None = None) -> int:
     """Serve one exec of `plugin`: forward to the agent, or fall back to `in_process` (the
     entry module's, which passes itself: the shim never imports the plugin); returns the
     exit code."""
@@ -290,9 +296,12 @@ def run(plugin: str, in_process: InProcess) -> int:
         reason = failure.decode(sys.getfilesystemencoding(), "surrogateescape")
         return _print(1, error_json(stdin, TRY_AGAIN_LATER, reason, RETRY_DETAILS), b"")
     if len(stdin) > MAX_STDIN:
-        return _print(1, error_json(b"", DECODE_FAILURE, f"network config on stdin is more than "
-                                                         f"{MAX_STDIN} bytes; at most {MAX_STDIN} (1 MiB) "
-                                                         "allowed"), b"")
+        answer = error_json(b"", DECODE_FAILURE, f"network config on stdin is more than {MAX_STDIN} "
+                                                 f"bytes; at most {MAX_STDIN} (1 MiB) allowed")
+        if on_refused is not None:  # the entry module logs it (this module imports no logger)
+            _load_site()
+            on_refused(environ, answer)
+        return _print(1, answer, b"")
     socket_path, declared = agent_socket_of(node_config_path(environ=environ))
     forwarded = dict(environ)
     forwarded.pop(FAILURE_ENV, None)
