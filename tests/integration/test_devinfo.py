@@ -27,6 +27,7 @@ import pytest
 
 from tests.integration.conftest import Lab, PluginRunner, new_cid
 from tests.integration.test_agent import start_agent
+from tests.integration.test_ovs_offload import conf_for, nic
 from tests.integration.test_sriov import snapshot, vfconf, vfs
 from tests.integration.test_trust_defects import assert_refused, invoke, node_settings, write_node
 
@@ -154,6 +155,26 @@ def test_a_retried_add_replaces_its_own_file(nic_lab, vfp, netns_factory):
         assert vfp.call("DEL", conf, cid, ns.path).code == 0
         assert not path.exists(), f"the retried ADD's file (first inode {first}) outlived the attachment"
         assert [p.name for p in directory.iterdir() if cid in p.name] == []
+    finally:
+        path.unlink(missing_ok=True)
+
+
+def test_ovs_offload_writes_its_own_file_with_the_representor(switchdev_lab, off, netns_factory):
+    directory = devdir(switchdev_lab)
+    vf = nic(switchdev_lab)["vfs"][3]
+    ns = netns_factory()
+    cid = new_cid()
+    path = multus_name(directory, cid, nad="offnet")
+    conf = conf_for(switchdev_lab, vf, runtimeConfig={"CNIDeviceInfoFile": str(path)})
+    try:
+        inv = off.add(conf, ns, cid)
+        assert inv.code == 0, inv.stdout
+        pci = json.loads(path.read_text())["pci"]
+        assert pci["pci-address"] == vf["address"] and pci["representor-device"] == vf["representor"]
+        other = conf_for(switchdev_lab, vf, runtimeConfig={"CNIDeviceInfoFile": str(multus_name(directory, new_cid()))})
+        assert_refused(invoke(off, "ADD", other, new_cid(), netns_factory().path), 7, "CNIDeviceInfoFile")
+        assert off.call("DEL", conf, cid, ns.path).code == 0
+        assert not path.exists()
     finally:
         path.unlink(missing_ok=True)
 
