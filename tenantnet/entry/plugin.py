@@ -78,7 +78,11 @@ def handle(env: CniEnv, raw: dict[str, Any], node: NodeConfig, *, set_up_logging
     try:
         return dispatch(plugin, env, raw)
     except CniError as err:
-        if not plugin.add_failure_logged:
+        if not plugin.add_failure_logged and env.command == "ADD":
+            if set_up_logging and (log_file, log_level) != (node.log_file, node.log_level):
+                # The refusal goes to the node's log, not where the NAD's logFile/logLevel
+                # sent this call's lines (a NAD must not hide its refusals from the admin).
+                logsetup.setup_one_shot(node.log_file, node.log_level)
             log_refused(env.command, env.container_id, env.ifname, raw, err.code, err.msg)
         raise
 

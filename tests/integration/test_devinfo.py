@@ -229,9 +229,12 @@ def test_a_symlink_in_place_of_the_device_info_folder_is_never_followed(nic_lab,
 
 # ---- D4: every refused ADD has its line -------------------------------------------------
 
-def refusals(lab: Lab, vf: dict[str, Any], directory: Path) -> list[tuple[str, dict[str, str | None], bytes, int]]:
+def refusals(lab: Lab, vf: dict[str, Any], directory: Path,
+             log: Path) -> list[tuple[str, dict[str, str | None], bytes, int]]:
     """(label, env changes, stdin, CNI code) of refused ADDs of several kinds."""
     good = vfconf(lab, vf["address"])
+    # a NAD sending its lines elsewhere, and only errors: its refusal is still in the node log
+    quiet = {**good, "logFile": str(log.parent / "nad.log"), "logLevel": "error"}
     return [
         ("env", {"CNI_IFNAME": None}, json.dumps(good).encode(), 4),
         ("stdin", {}, b"{not json", 6),
@@ -239,6 +242,7 @@ def refusals(lab: Lab, vf: dict[str, Any], directory: Path) -> list[tuple[str, d
         ("field", {}, json.dumps({**good, "vlan": 5000}).encode(), 7),
         ("devinfo", {}, json.dumps(with_devinfo(lab, vf, directory / "ns9-other-abc_net1")).encode(), 7),
         ("logFile", {}, json.dumps({**good, "logFile": "/etc/tn-refused.log"}).encode(), 7),
+        ("quiet-nad", {}, json.dumps({**quiet, "vlan": 5000}).encode(), 7),
     ]
 
 
@@ -250,7 +254,7 @@ def log_lines(path: Path) -> list[dict[str, Any]]:
 
 def check_refusals_logged(vfp: PluginRunner, lab: Lab, node: Path, log: Path, ns_path: str) -> None:
     vf = vfs(lab)[2]
-    for label, changes, stdin, code in refusals(lab, vf, devdir(lab)):
+    for label, changes, stdin, code in refusals(lab, vf, devdir(lab), log):
         cid = new_cid()
         before = len(log_lines(log))
         env = vfp.env("ADD", cid, ns_path, "net1")
