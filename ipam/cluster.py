@@ -9,16 +9,27 @@ room in a block it owns makes no etcd round trip; only a full set of blocks does
 etcd cannot be reached then, the ADD fails at once with code 11 (try again later).
 
 The node remembers its blocks in `<dataDir>/cluster/<network>.blocks` (written after the
-claim committed). A crash between the two leaves a block in etcd that the file lacks: the
-next claim lists the network's blocks (one range call) and adopts every block etcd says is
-this node's before it claims a new one.
+claim committed; ipam/blockfile.py reads and writes it). A crash between the two leaves a
+block in etcd that the file lacks: the next claim lists the network's blocks (one range
+call) and adopts every block etcd says is this node's before it claims a new one.
 
 A block that has held no address for `releaseAfter` seconds (default 300) goes back to the
 pool on a later DEL or GC of the network (`Ledger.return_empty`).
 
 Each agent keeps its node registered under a liveness lease (`ipam/nodes.py`); an operator
-returns a dead node's blocks with `tenantnetctl ipam release-node`, refused while the lease
-is alive unless forced — a partitioned node's blocks are never taken over automatically.
+returns a node's blocks with `tenantnetctl ipam release-node` after the node declared it is
+leaving (`ipam leave`), or with `--force` — a lapsed lease proves nothing, so a partitioned
+node's blocks are never taken over without one or the other. And a node checks: the agent's
+heartbeat verifies every beat that etcd still names the node as each block's owner
+(`Ledger.verify`: a block found gone is revoked locally, never allocated from again), and an
+ADD without a verification in the last `VERIFY_FRESH` seconds verifies first
+(`Ledger.ensure_verified`).
+
+A node searches for a free block from a point of its own (`blocks_from`, seeded from its
+name), so nodes do not all race for the same one; the search's outcome is typed (`Take`,
+`Search`) and `Ledger.claim` turns it into a CNI code (lost races: 11, none left: 110).
+The pool's checks (one block size, no overlap: ipam/pools.py) are compares of the claim's
+own transaction.
 
 In the agent, the next block is claimed ahead of need, on a helper thread, once an ADD
 allocates in the last quarter of the node's highest block (`Ledger.prefetch_if_low`).
@@ -30,22 +41,23 @@ when another node does — so a static address never collides with a block alloc
 
 from __future__ import annotations
 
-import fcntl
-import ipaddress
 import json
-import os
 import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
+from enum import Enum
 from typing import Any, NamedTuple
 
 from cni.errors import CniError, Code
 from cni.result import IPAddress, IPNetwork
-from hostfiles.confined import ensure_private_dir
-from ipam.config import ClusterSettings, IpamConfig, Range, RangeSet
-from ipam.etcd import Etcd, EtcdConfig, EtcdError, EtcdUnavailable
+from ipam.blockfile import BlockFile, block_name, parse_block
+from ipam.blocks import block_of, blocks_from, blocks_of, restrict
+from ipam.blocks import contains as _in
+from ipam.config import ClusterSettings, IpamConfig, RangeSet, check_cluster_pools
+from ipam.etcd import Etcd, EtcdConfig, EtcdError, EtcdUnavailable, absent, put_op, value_is
+from ipam.pools import Pool, PoolGuard
 from ipam.store import Store
 
 __all__ = ["ClusterNode", "EtcdError", "EtcdUnavailable", "Ledger", "block_of", "blocks_of", "client",
@@ -53,6 +65,11 @@ __all__ = ["ClusterNode", "EtcdError", "EtcdUnavailable", "Ledger", "block_of", 
 
 DEFAULT_PREFIX = "/tenantnet/"
 MAX_CLAIM_ATTEMPTS = 64  # blocks raced for and lost before giving up (other nodes claiming)
+# Seconds an ADD trusts this node's last verification that it owns its blocks: no longer
+# than a node's liveness lease (ipam/nodes.py NODE_TTL), and the verification's read is sent
+# before the beat renews the lease — so once the lease lapsed, the node trusts its blocks no
+# longer either, and asks etcd before its next allocation.
+VERIFY_FRESH = 15.0
 
 
 class ClusterNode(NamedTuple):
@@ -61,6 +78,14 @@ class ClusterNode(NamedTuple):
     name: str
     etcd: EtcdConfig
     prefix: str = DEFAULT_PREFIX
+    # The admin's cluster pools (`clusterPools`): a cluster network's ranges must lie inside.
+    pools: tuple[IPNetwork, ...] = ()
+
+
+def leaving_key(prefix: str, name: str) -> str:
+    """Where node `name` declares it is leaving (`tenantnetctl ipam leave`): it claims no
+    block while the key exists, and `ipam release-node` may then return its blocks."""
+    return f"{prefix}leaving/{name}"
 
 
 def default_node_name() -> str:
@@ -80,36 +105,7 @@ def client(config: EtcdConfig) -> Etcd:
         return found
 
 
-def _block_name(block: IPNetwork) -> str:
-    return str(block).replace("/", "_")
-
-
-def _parse_block(name: str) -> IPNetwork:
-    return ipaddress.ip_network(name.replace("_", "/"))
-
-
-def blocks_of(rs: RangeSet, sizes: ClusterSettings) -> Iterator[IPNetwork]:
-    """The blocks of a range set, in address order, lazily (an IPv6 /64 has 2^58 /122s).
-    A range's subnet smaller than a block is one block."""
-    for r in rs.ranges:
-        prefix = max(sizes.block_size if r.family == 4 else sizes.block_size_v6, r.subnet.prefixlen)
-        size = 1 << (r.subnet.max_prefixlen - prefix)
-        base = int(r.subnet.network_address)
-        first = (r.start - base) // size
-        last = (r.end - base) // size
-        for i in range(first, last + 1):
-            yield ipaddress.ip_network((base + i * size, prefix))
-
-
-def block_of(address: IPAddress, subnet: IPNetwork, sizes: ClusterSettings) -> IPNetwork:
-    """The block of `subnet` that holds `address`."""
-    prefix = max(sizes.block_size if address.version == 4 else sizes.block_size_v6, subnet.prefixlen)
-    return ipaddress.ip_network(f"{address}/{prefix}", strict=False)
-
-
-def _in(block: IPNetwork, rs: RangeSet) -> bool:
-    """Whether `block` is one of range set `rs`'s subnets' blocks."""
-    return any(r.family == block.version and block.subnet_of(r.subnet) for r in rs.ranges)  # type: ignore[arg-type]
+_block_name, _parse_block = block_name, parse_block
 
 
 def owner_of(value: bytes) -> str:
@@ -120,30 +116,6 @@ def owner_of(value: bytes) -> str:
         return value.decode("utf-8", "replace")
 
 
-def restrict(cfg: IpamConfig, owned: list[IPNetwork]) -> IpamConfig:
-    """`cfg` with every range cut down to the parts inside blocks this node owns (adjacent
-    blocks merged, so a node's usual run of consecutive blocks is one interval)."""
-    sets = []
-    for rs in cfg.range_sets:
-        ranges = []
-        for r in rs.ranges:
-            spans = sorted((int(b.network_address), int(b.broadcast_address)) for b in owned
-                           if b.version == r.family and b.subnet_of(r.subnet))  # type: ignore[arg-type]
-            merged: list[list[int]] = []
-            for lo, hi in spans:
-                if merged and lo <= merged[-1][1] + 1:
-                    merged[-1][1] = max(merged[-1][1], hi)
-                else:
-                    merged.append([lo, hi])
-            for lo, hi in merged:
-                lo, hi = max(r.start, lo), min(r.end, hi)
-                if lo <= hi:
-                    ranges.append(Range(r.subnet, lo, hi, r.gateway, r.exclude))
-        sets.append(RangeSet(tuple(ranges)))
-    return cfg._replace(range_sets=tuple(sets))
-
-
-_parsed: dict[str, tuple[tuple[int, int, int], dict[IPNetwork, float | None]]] = {}
 _restricted: dict[tuple[str, tuple[IPNetwork, ...], tuple[RangeSet, ...]], tuple[RangeSet, ...]] = {}
 
 
@@ -164,59 +136,51 @@ def set_background(run: Callable[[Callable[[], None]], object] | None) -> None:
     _background = run
 
 
-# When a claim of this process last found etcd unreachable, per blocks file: a claim that
-# was waiting for the ledger's lock meanwhile fails at once (see `Ledger._locked_claim`).
-_unreachable_at: dict[str, float] = {}
-
 # The stores this process has served cluster networks from (the agent publishes their
 # allocations, ipam/holdings.py).
 data_dirs_seen: set[str] = set()
 
+# When a claim of this process last found etcd unreachable, per blocks file: a claim that
+# was waiting for the ledger's lock meanwhile fails at once (see `Ledger._locked_claim`).
+_unreachable_at: dict[str, float] = {}
+
+
+class Take(Enum):
+    """What one claim transaction of one block came to."""
+
+    TAKEN = "taken"  # this node owns the block now
+    LOST_RACE = "lost race"  # another node has it (claimed it meanwhile)
+    STALE = "stale"  # the pool's block sizes or ranges changed since they were checked
+
+
+class Search(NamedTuple):
+    """What a search for a free block came to: a block, or why none (`Ledger.claim` turns
+    that into a CNI code: lost races are code 11, no free block left code 110)."""
+
+    block: IPNetwork | None
+    lost_races: int = 0
+
 
 class Ledger:
-    """The blocks of one network: this node's (local file), and claiming more (etcd)."""
+    """The blocks of one network: this node's (local file, ipam/blockfile.py), and claiming,
+    verifying and returning them (etcd)."""
 
     def __init__(self, node: ClusterNode, network: str, data_dir: str, sizes: ClusterSettings,
                  pool: tuple[RangeSet, ...] = ()) -> None:
         self.node, self.network, self.sizes = node, network, sizes
         self.pool = pool  # the network's range sets (the pool's diagnostics in etcd need them)
-        self.dir = os.path.join(data_dir, "cluster")
+        self.file = BlockFile(data_dir, network)
         data_dirs_seen.add(data_dir)
-        self.path = os.path.join(self.dir, f"{network}.blocks")
+        self.path = self.file.path
         self.key_prefix = f"{node.prefix}ipam/{network}/blocks/"
-        self.sizes_key = f"{node.prefix}pools/{network}"
-        self.ranges_key = f"{node.prefix}ranges/{network}"
+        self.pool_of = Pool(node.prefix, network, sizes, pool)
+        self.sizes_key = self.pool_of.sizes_key
         self.seen: list[IPNetwork] = []
 
-    @contextmanager
-    def _locked(self, give_up: Callable[[], bool] | None = None) -> Iterator[None]:
-        """The ledger's file lock (across the node's processes). With `give_up`, the wait is
-        a poll that raises EtcdUnavailable as soon as `give_up()` says so (flock is not
-        first-come-first-served: a waiter could otherwise see the lock change hands many
-        times before it gets it)."""
-        ensure_private_dir(self.dir)
-        fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            if give_up is None:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-            else:
-                while True:
-                    try:
-                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        got = True
-                    except BlockingIOError:
-                        got = False
-                    # Asked after the attempt too: the lock comes free just as its holder gives up.
-                    if give_up():
-                        raise EtcdUnavailable(
-                            "a claim of this network made while this one waited found no etcd "
-                            f"endpoint answering within {self.node.etcd.timeout:g} s")
-                    if got:
-                        break
-                    time.sleep(0.005)
-            yield
-        finally:
-            os.close(fd)
+    def _locked(self, give_up: Callable[[], bool] | None = None) -> AbstractContextManager[None]:
+        return self.file.locked(give_up, lambda: EtcdUnavailable(
+            "a claim of this network made while this one waited found no etcd endpoint answering within "
+            f"{self.node.etcd.timeout:g} s"))
 
     @contextmanager
     def _locked_claim(self) -> Iterator[None]:
@@ -234,24 +198,7 @@ class Ledger:
                 raise
 
     def _read(self) -> dict[IPNetwork, float | None]:
-        """block -> since when it has been seen empty (None: in use, or not checked yet).
-        Parsed once per version of the file (replaced by rename, so its inode changes)."""
-        try:
-            st = os.stat(self.path)
-        except FileNotFoundError:
-            return {}
-        sig = (st.st_ino, st.st_mtime_ns, st.st_size)
-        cached = _parsed.get(self.path)
-        if cached is not None and cached[0] == sig:
-            return dict(cached[1])
-        try:
-            with open(self.path, encoding="utf-8") as fh:
-                lines = [line.split() for line in fh.read(1 << 20).splitlines() if line.strip()]
-        except FileNotFoundError:
-            return {}
-        blocks = {_parse_block(f[0]): (float(f[1]) if len(f) > 1 else None) for f in lines}
-        _parsed[self.path] = (sig, blocks)
-        return dict(blocks)
+        return self.file.read()
 
     def owned(self) -> list[IPNetwork]:
         """The blocks this node owns, as it remembers them (no etcd call)."""
@@ -271,18 +218,85 @@ class Ledger:
         return cfg._replace(range_sets=found)
 
     def _write(self, blocks: dict[IPNetwork, float | None]) -> None:
-        tmp = f"{self.path}.tmp.{os.getpid()}.{threading.get_ident()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for b in sorted(blocks, key=lambda b: (b.version, b)):
-                since = blocks[b]
-                fh.write(f"{_block_name(b)}\n" if since is None else f"{_block_name(b)} {since:.3f}\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, self.path)
+        self.file.write(blocks)
 
     def _remember(self, blocks: list[IPNetwork]) -> None:
         current = self._read()
         self._write({b: current.get(b) for b in blocks})
+        self.file.forget_revoked(blocks)
+
+    # ---- does this node still own its blocks? ----
+
+    def _reconcile(self, taken: dict[IPNetwork, str], sent_at: float,
+                   among: set[IPNetwork] | None = None) -> list[IPNetwork]:
+        """With the ledger's lock held and `taken` read from etcd (the read sent at
+        `sent_at`, CLOCK_MONOTONIC): take every block (of `among`, when given: those listed
+        before the read) etcd no longer names as this node's out of the blocks file, so that
+        no ADD allocates from it again, and note that ownership was verified. The blocks
+        found gone."""
+        blocks = self._read()
+        gone = [b for b in blocks if taken.get(b) != self.node.name and (among is None or b in among)]
+        if gone:
+            self.file.add_revoked(gone)
+            self._write({b: since for b, since in blocks.items() if b not in gone})
+        self.file.set_verified(sent_at)
+        return gone
+
+    def verify(self) -> list[IPNetwork]:
+        """Read from etcd which blocks this node still owns (one range call); a block another
+        node has now, or an operator released (`ipam release-node --force`), is revoked
+        locally. The blocks found gone. EtcdUnavailable / EtcdError propagate.
+
+        The read is made without the ledger's lock (a claim must not wait for it while etcd
+        is away), so only blocks listed before it was sent are judged: one this node claims
+        meanwhile is not in it."""
+        before = set(self._read())
+        sent_at = time.monotonic()
+        taken = self._taken(client(self.node.etcd)) if before else {}
+        with self._locked():
+            return self._reconcile(taken, sent_at, before)
+
+    def surrender(self, store: Store | None) -> list[IPNetwork]:
+        """This node is leaving (`tenantnetctl ipam leave`): no ADD allocates from its blocks
+        again (revoked locally, inside the store's write transaction, so no ADD still works
+        from the earlier list); etcd names the node as their owner until `release-node`."""
+        with self._locked():
+            if store is None:
+                blocks = self._read()
+            else:
+                with store.transaction():
+                    blocks = self._read()
+                    self._surrender(blocks)
+                return list(blocks)
+            self._surrender(blocks)
+            return list(blocks)
+
+    def _surrender(self, blocks: dict[IPNetwork, float | None]) -> None:
+        if blocks:
+            self.file.add_revoked(list(blocks))
+            self._write({})
+
+    def ensure_verified(self) -> None:
+        """Before an ADD allocates from this node's blocks: unless this node verified its
+        ownership within `VERIFY_FRESH` seconds (the agent's heartbeat does, every 5 s), verify
+        it now. A node whose lease lapsed may have lost its blocks to `ipam release-node
+        --force` meanwhile; one cut off from etcd for longer than its lease stops allocating
+        (code 11) until it can verify again. A stat when the heartbeat is healthy."""
+        last = self.file.verified_at()
+        if last is not None and 0 <= time.monotonic() - last < VERIFY_FRESH:
+            return
+        if not self._read():
+            return  # nothing to allocate from: the claim asks etcd anyway
+        try:
+            self.verify()
+        except EtcdUnavailable as exc:
+            raise CniError(Code.TRY_AGAIN_LATER,
+                           f"network {self.network!r}: this node has not verified for {VERIFY_FRESH:g} s "
+                           "that it still owns its address blocks (no agent heartbeat, or cut off from the "
+                           f"cluster store), and the cluster store is unreachable: {exc}") from None
+        except EtcdError as exc:
+            raise CniError(Code.IO_FAILURE,
+                           f"network {self.network!r}: verifying this node's address blocks: {exc}") from None
 
     def return_empty(self, store: Store, release_after: float, sweep: bool = False) -> list[IPNetwork]:
         """Give back to the pool every block of this node that has held no address for
@@ -300,7 +314,7 @@ class Ledger:
         returned: list[IPNetwork] = []
         waited_from = time.monotonic()
         with self._locked():
-            pending = self._returning()
+            pending = self.file.returning()
             with store.transaction() as txn:
                 blocks = self._read()
                 before = dict(blocks)
@@ -320,14 +334,14 @@ class Ledger:
             todo = list(dict.fromkeys([*pending, *returned]))
             if not todo and not sweep:
                 return []
-            if _unreachable_at.get(self.path, 0.0) > waited_from or (
-                    not sweep and pending and time.time() - self._returning_since() < RETRY_RETURNS_AFTER):
+            recent = time.time() - self.file.returning_since() < RETRY_RETURNS_AFTER
+            if _unreachable_at.get(self.path, 0.0) > waited_from or (not sweep and pending and recent):
                 # A claim or return of this network found etcd unreachable while this call
                 # waited for the lock, or a return etcd did not hear of is recent: tell etcd
                 # later rather than wait for it once more — DELs queued behind each other, or
                 # one after another during an outage, must not each spend an etcdTimeout.
                 if todo != pending:
-                    self._set_returning(todo, keep_since=True)
+                    self.file.set_returning(todo, keep_since=True)
                 return returned
             etcd = client(self.node.etcd)
             told = 0
@@ -344,147 +358,53 @@ class Ledger:
                     told += 1
             except EtcdUnavailable:
                 _unreachable_at[self.path] = time.monotonic()
-                self._set_returning(todo[told:])
+                self.file.set_returning(todo[told:])
                 raise
             if pending:
-                self._set_returning([])
+                self.file.set_returning([])
         return returned
-
-    @property
-    def _returning_path(self) -> str:
-        return self.path[: -len(".blocks")] + ".returning"
-
-    def _returning(self) -> list[IPNetwork]:
-        """Blocks taken out of the blocks file whose return etcd has not heard of yet."""
-        try:
-            with open(self._returning_path, encoding="utf-8") as fh:
-                return [_parse_block(line.strip()) for line in fh.read(1 << 20).splitlines() if line.strip()]
-        except (FileNotFoundError, ValueError):
-            return []
-
-    def _returning_since(self) -> float:
-        """When etcd last failed to hear of a return (the `.returning` file's mtime; 0: never)."""
-        try:
-            return os.stat(self._returning_path).st_mtime
-        except FileNotFoundError:
-            return 0.0
-
-    def _set_returning(self, blocks: list[IPNetwork], keep_since: bool = False) -> None:
-        if not blocks:
-            if os.path.exists(self._returning_path):
-                os.unlink(self._returning_path)
-            return
-        since = self._returning_since() if keep_since else 0.0
-        tmp = f"{self._returning_path}.tmp.{os.getpid()}.{threading.get_ident()}"
-        with open(tmp, "w", encoding="utf-8") as fh:
-            fh.write("".join(f"{_block_name(b)}\n" for b in blocks))
-        if since:
-            os.utime(tmp, (since, since))
-        os.replace(tmp, self._returning_path)
 
     def _value(self) -> bytes:
         return json.dumps({"node": self.node.name, "claimed": round(time.time(), 3)}).encode()
 
-    # ---- one pool, one block size: checked on the way to etcd, never on an ADD with room ----
+    def _before_claim(self, etcd: Etcd, taken: dict[IPNetwork, str]) -> PoolGuard:
+        """What every claim checks first: the node has not declared it is leaving, the
+        network's sizes agree, its ranges overlap no other network's (as compares for the
+        claim's transaction)."""
+        if etcd.get(leaving_key(self.node.prefix, self.node.name)) is not None:
+            raise CniError(Code.TRY_AGAIN_LATER,
+                           f"network {self.network!r}: node {self.node.name!r} has declared it is leaving "
+                           "the cluster (tenantnetctl ipam leave): it claims no address block until an "
+                           "operator ran `tenantnetctl ipam release-node` for it")
+        self.pool_of.agree(etcd, taken)
+        return self.pool_of.check_overlap(etcd)
 
-    def _sizes_value(self) -> bytes:
-        return json.dumps({"blockSize": self.sizes.block_size, "blockSizeV6": self.sizes.block_size_v6},
-                          sort_keys=True).encode()
-
-    def _expected_prefix(self, block: IPNetwork) -> int | None:
-        """The prefix length this node's settings give the block at `block`'s place (None:
-        outside this node's view of the pool)."""
-        for rs in self.pool:
-            for r in rs.ranges:
-                if r.family == block.version and block.network_address in r.subnet:
-                    size = self.sizes.block_size if r.family == 4 else self.sizes.block_size_v6
-                    return max(size, r.subnet.prefixlen)
-        return None
-
-    def _agree(self, etcd: Etcd, taken: dict[IPNetwork, str]) -> None:
-        """Make sure every node claims this network's blocks with the same block sizes. Blocks
-        of different sizes overlap (a /26 holds four /28s) and are different keys, so two
-        nodes reading the NAD before and after an edit of blockSize would both own the same
-        addresses. The sizes live at `<prefix>pools/<network>`; every claim is a transaction
-        that compares them (`create_guarded`), and they change only while no block exists."""
-        mine = self._sizes_value()
-        for _ in range(4):
-            kv = etcd.get(self.sizes_key)
-            if kv is not None and kv.value == mine:
-                return
-            odd = [(b, o) for b, o in sorted(taken.items(), key=lambda t: (t[0].version, t[0]))
-                   if self._expected_prefix(b) not in (None, b.prefixlen)]
-            if odd:
-                block, owner = odd[0]
-                raise CniError(Code.INVALID_CONFIG,
-                               f"invalid network config: ipam.cluster: network {self.network!r} has "
-                               f"blockSize {self.sizes.block_size} / blockSizeV6 {self.sizes.block_size_v6} "
-                               f"here, but its blocks in the cluster store were claimed with other sizes "
-                               f"(e.g. {block}, node {owner!r}): a network's block sizes cannot change "
-                               "while it holds blocks",
-                               "restore the earlier blockSize in the NAD, or release every address of "
-                               "the network first")
-            if etcd.put_if_revision(self.sizes_key, mine, kv.mod_revision if kv is not None else 0):
-                return
-        raise CniError(Code.TRY_AGAIN_LATER, f"network {self.network!r}: its block sizes in the cluster "
-                                             "store keep changing (nodes disagree on the NAD?); try again")
-
-    def _intervals(self) -> list[list[int]]:
-        return [[r.family, r.start, r.end] for rs in self.pool for r in rs.ranges]
-
-    def _check_overlap(self, etcd: Etcd) -> None:
-        """Refuse a pool that overlaps another cluster network's (both would hand out the same
-        addresses), unless both networks say they live on separate L2 segments
-        (`allowOverlap`). Each network records its ranges at `<prefix>ranges/<network>`;
-        a record counts only while its network holds blocks (a removed NAD's stays behind)."""
-        if not self.pool:
-            return
-        mine = self._intervals()
-        base = f"{self.node.prefix}ranges/"
-        record = json.dumps({"ranges": mine, "allowOverlap": self.sizes.allow_overlap}).encode()
-        current: bytes | None = None
-        for kv in etcd.range(base):
-            other = kv.key[len(base):]
-            if other == self.network:
-                current = kv.value
-                continue
-            try:
-                theirs = json.loads(kv.value)
-                spans = [(int(f), int(lo), int(hi)) for f, lo, hi in theirs["ranges"]]
-                allowed = bool(theirs.get("allowOverlap"))
-            except (ValueError, KeyError, TypeError):
-                continue
-            shared = [(f, max(lo, a), min(hi, b)) for f, lo, hi in spans for g, a, b in mine
-                      if f == g and max(lo, a) <= min(hi, b)]
-            if not shared or (allowed and self.sizes.allow_overlap):
-                continue
-            if not etcd.range(f"{self.node.prefix}ipam/{other}/blocks/"):
-                continue  # a network that holds nothing (its NAD may be gone)
-            fam, lo, hi = shared[0]
-            first, last = ipaddress.ip_address(lo), ipaddress.ip_address(hi)
-            raise CniError(Code.INVALID_CONFIG,
-                           f"invalid network config: ipam.ranges: network {self.network!r} overlaps network "
-                           f"{other!r} in the cluster store ({first}-{last}): two cluster networks would "
-                           "hand out the same addresses",
-                           "give them distinct ranges, or, when each lives on its own L2 segment (e.g. "
-                           "its own VLAN), set ipam.cluster.allowOverlap: true on both")
-        if current != record:
-            etcd.put(self.ranges_key, record)
-
-    def _take(self, etcd: Etcd, block: IPNetwork, taken: dict[IPNetwork, str]) -> bool:
-        """Claim `block` for this node in one transaction guarded by the pool's block sizes;
-        False when another node has it (or claimed it meanwhile)."""
+    def _take(self, etcd: Etcd, block: IPNetwork, guard: PoolGuard) -> Take:
+        """Claim `block` for this node in one transaction that also compares the pool's block
+        sizes and what the overlap check read (`guard`)."""
         key = self.key_prefix + _block_name(block)
+        sizes = self.pool_of.sizes_value()
+        if etcd.txn([absent(key), value_is(self.sizes_key, sizes), *guard.compares],
+                    [put_op(key, self._value()), put_op(self.sizes_key, sizes), *guard.puts]):
+            return Take.TAKEN
+        kv = etcd.get(key)
+        if kv is None:
+            return Take.STALE
+        # Ours when an earlier attempt of this call committed without its answer reaching us
+        # (the client tries the next endpoint after a time-out).
+        return Take.TAKEN if owner_of(kv.value) == self.node.name else Take.LOST_RACE
+
+    def _take_checked(self, etcd: Etcd, block: IPNetwork, guard: PoolGuard) -> Take:
+        """`_take`, checking the pool again (or refusing) each time it changed meanwhile."""
         for _ in range(4):
-            if etcd.create_guarded(key, self._value(), self.sizes_key, self._sizes_value()):
-                return True
-            kv = etcd.get(key)
-            if kv is not None:
-                # Ours when an earlier attempt of this call committed without its answer
-                # reaching us (the client tries the next endpoint after a time-out).
-                return owner_of(kv.value) == self.node.name
-            self._agree(etcd, taken)  # the sizes changed under us: agree again (or refuse)
-        return False
+            took = self._take(etcd, block, guard)
+            if took is not Take.STALE:
+                return took
+            guard = self._before_claim(etcd, self._taken(etcd))
+        return Take.STALE
+
+    def _check_pools(self, range_sets: tuple[RangeSet, ...]) -> None:
+        check_cluster_pools(range_sets, self.node.pools)
 
     def hold(self, block: IPNetwork, address: IPAddress) -> None:
         """Make sure this node owns `block` (the one a static address is in): claimed now if
@@ -492,29 +412,33 @@ class Ledger:
         never collide with another node's allocation; another node's block is code 111."""
         if block in self.owned():
             return
+        self._check_pools(self.pool)
         etcd = client(self.node.etcd)
-        key = self.key_prefix + _block_name(block)
         try:
             with self._locked_claim():
+                sent_at = time.monotonic()
+                taken = self._taken(etcd)
+                self._reconcile(taken, sent_at)
                 known = self.owned()
                 if block in known:
                     return
-                taken = self._taken(etcd)
-                self._agree(etcd, taken)
-                self._check_overlap(etcd)
+                guard = self._before_claim(etcd, taken)
                 clash = [b for b in taken if b != block and b.overlaps(block)]
                 if clash:
                     raise CniError(Code.ADDRESS_UNAVAILABLE,
                                    f"requested address {address} of network {self.network!r} is in block "
                                    f"{clash[0]}, which node {taken[clash[0]]!r} owns")
-                if not self._take(etcd, block, taken):
-                    kv = etcd.get(key)
-                    owner = owner_of(kv.value) if kv is not None else "?"
-                    if owner != self.node.name:
-                        raise CniError(Code.ADDRESS_UNAVAILABLE,
-                                       f"requested address {address} of network {self.network!r} is in block "
-                                       f"{block}, which node {owner!r} owns: on a cluster network a static "
-                                       "address is served only by the node that owns its block")
+                took = self._take_checked(etcd, block, guard)
+                if took is Take.LOST_RACE:
+                    owner = self._taken(etcd).get(block, "?")
+                    raise CniError(Code.ADDRESS_UNAVAILABLE,
+                                   f"requested address {address} of network {self.network!r} is in block "
+                                   f"{block}, which node {owner!r} owns: on a cluster network a static "
+                                   "address is served only by the node that owns its block")
+                if took is Take.STALE:
+                    raise CniError(Code.TRY_AGAIN_LATER,
+                                   f"network {self.network!r}: the cluster store's pools kept changing while "
+                                   f"block {block} was claimed; try again")
                 self._remember([*known, block])
         except EtcdUnavailable as exc:
             raise CniError(Code.TRY_AGAIN_LATER, f"network {self.network!r}: the static address {address} is "
@@ -571,10 +495,33 @@ class Ledger:
 
             _background(run)
 
+    def _search(self, etcd: Etcd, rs: RangeSet, taken: dict[IPNetwork, str], known: set[IPNetwork],
+                guard: PoolGuard) -> Search:
+        """Claim the first free block of `rs` from this node's own starting point on."""
+        # After agreeing on sizes every block inside this node's view of the pool has the size
+        # it expects; one outside it (an earlier, wider range) may still overlap a candidate.
+        strays = [t for t in taken if self.pool_of.expected_prefix(t) is None]
+        lost = 0
+        for block in blocks_from(rs, self.sizes, self.node.name):
+            if block in taken or block in known or any(t.overlaps(block) for t in strays):
+                continue
+            took = self._take_checked(etcd, block, guard)
+            if took is Take.TAKEN:
+                return Search(block, lost)
+            lost += 1
+            if lost >= MAX_CLAIM_ATTEMPTS:
+                break
+        return Search(None, lost)
+
     def claim(self, rs: RangeSet, seen: list[IPNetwork] | None = None) -> IPNetwork:
         """A block of `rs` for this node: one etcd owns already (adopted), else a new one
-        claimed with one transaction. Code 11 when etcd is unreachable, code 110 when every
-        block of the range set belongs to some node."""
+        claimed with one transaction. Code 11 when etcd is unreachable or every block tried
+        was claimed by another node first, code 110 when every block of the range set belongs
+        to some node."""
+        if not self.pool:
+            self.pool = (rs,)
+            self.pool_of = Pool(self.node.prefix, self.network, self.sizes, self.pool)
+        self._check_pools(self.pool)
         etcd = client(self.node.etcd)
         try:
             with self._locked_claim():
@@ -586,39 +533,36 @@ class Ledger:
                     fresh = [b for b in known - set(seen) if _in(b, rs)]
                     if fresh:
                         return fresh[0]
+                sent_at = time.monotonic()
                 taken = self._taken(etcd)
+                self._reconcile(taken, sent_at)  # blocks found gone are revoked here too
+                known = set(self.owned())
+                guard = self._before_claim(etcd, taken)
+                # A block etcd names as this node's that the file lacks: a crash between a claim
+                # and the file. (A node that declared it is leaving never gets here.)
                 adopted = [b for b, o in taken.items() if o == self.node.name and b not in known]
                 wanted = [b for b in adopted if _in(b, rs)]
                 if adopted:
                     self._remember(sorted(known | set(adopted), key=lambda b: (b.version, b)))
-                    pending = self._returning()
+                    pending = self.file.returning()
                     if set(pending) & set(adopted):  # ours again: no longer to be returned
-                        self._set_returning([b for b in pending if b not in adopted])
+                        self.file.set_returning([b for b in pending if b not in adopted])
                 if wanted:
                     return wanted[0]
-                if not self.pool:
-                    self.pool = (rs,)
-                self._agree(etcd, taken)
-                self._check_overlap(etcd)
-                # After _agree every block inside this node's view of the pool has the size it
-                # expects; one outside it (an earlier, wider range) may still overlap a candidate.
-                strays = [t for t in taken if self._expected_prefix(t) is None]
-                attempts = 0
-                for block in blocks_of(rs, self.sizes):
-                    if block in taken or block in known or any(t.overlaps(block) for t in strays):
-                        continue
-                    attempts += 1
-                    if self._take(etcd, block, taken):
-                        self._remember([*known, block])
-                        return block
-                    if attempts >= MAX_CLAIM_ATTEMPTS:
-                        break
+                found = self._search(etcd, rs, taken, known, guard)
+                if found.block is not None:
+                    self._remember([*known, *adopted, found.block])
+                    return found.block
         except EtcdUnavailable as exc:
             raise CniError(Code.TRY_AGAIN_LATER, f"network {self.network!r} needs a new address block "
                                                  f"and the cluster store is unreachable: {exc}") from None
         except EtcdError as exc:
             raise CniError(Code.IO_FAILURE, f"network {self.network!r}: claiming an address block: {exc}") \
                 from None
+        if found.lost_races >= MAX_CLAIM_ATTEMPTS:
+            raise CniError(Code.TRY_AGAIN_LATER,
+                           f"network {self.network!r}: other nodes claimed each of the {found.lost_races} "
+                           f"free blocks of {rs.describe()} this node tried first; try again")
         raise CniError(Code.POOL_EXHAUSTED,
                        f"pool exhausted: network {self.network!r} has no unclaimed block left in "
                        f"{rs.describe()} (every block belongs to a node)",

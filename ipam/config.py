@@ -447,6 +447,39 @@ def _cluster(raw: Any) -> ClusterSettings | None:
     return settings._replace(release_after=float(after), allow_overlap=overlap)
 
 
+# The widest range a cluster network may have: anything wider is no pool anyone meant (a
+# /0 would make every other cluster network an overlap). The node config's clusterPools
+# (tenantnet/plugin/nodeconfig.py) has the same bounds.
+WIDEST_CLUSTER_PREFIX = {4: 8, 6: 16}
+
+
+def check_cluster_pools(range_sets: tuple[RangeSet, ...], pools: tuple[IPNetwork, ...]) -> None:
+    """Cluster mode: every range must lie inside one of the admin's pools (the node config's
+    `clusterPools`). A NAD is a tenant's, and its ranges are recorded cluster-wide
+    (ipam/cluster.py): without this, one NAD with a wide range would refuse every later
+    overlapping cluster network on every node. Code 7 naming the range and the pools."""
+    for i, rs in enumerate(range_sets):
+        for j, r in enumerate(rs.ranges):
+            where = f"ipam.ranges[{i}][{j}]"
+            widest = WIDEST_CLUSTER_PREFIX[r.family]
+            if r.subnet.prefixlen < widest:
+                raise invalid_config(f"{where}.subnet", str(r.subnet),
+                                     f"a cluster network's IPv{r.family} subnet must be /{widest} or longer")
+            if not pools:
+                raise CniError(Code.INVALID_CONFIG,
+                               f"invalid network config: {where}: {r.describe()}: cluster networks take "
+                               "their ranges from the admin's pools, and this node config names none",
+                               "set clusterPools in the node config (a list of CIDRs the cluster networks' "
+                               "ranges must lie inside)")
+            first, last = ipaddress.ip_address(r.start), ipaddress.ip_address(r.end)
+            if not any(p.version == r.family and first in p and last in p for p in pools):
+                raise CniError(Code.INVALID_CONFIG,
+                               f"invalid network config: {where}: {r.describe()} is not inside any of the "
+                               f"cluster pools the admin allows ({', '.join(str(p) for p in pools)})",
+                               "choose a range inside one of them, or ask the admin to add a pool "
+                               "(clusterPools in the node config)")
+
+
 def static_requests(sources: Iterator[tuple[str, Any]]) -> list[IPAddress]:
     """Requested addresses from (field name, value) pairs; the prefix, if given, is ignored.
 

@@ -83,6 +83,29 @@ def prefix_end(prefix: str) -> bytes:
     return bytes(raw)
 
 
+def absent(key: str) -> dict[str, Any]:
+    """A transaction's compare: `key` does not exist."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "CREATE", "create_revision": "0"}
+
+
+def value_is(key: str, value: bytes) -> dict[str, Any]:
+    """A transaction's compare: `key` holds exactly `value` (false when it does not exist)."""
+    return {"key": _b64(key), "result": "EQUAL", "target": "VALUE", "value": _b64(value)}
+
+
+def unchanged_since(prefix: str, revision: int) -> dict[str, Any]:
+    """A transaction's compare: no key under `prefix` was created or modified after
+    `revision` (etcd ≥ 3.3 compares every key of a range; an empty range holds). A key
+    deleted since does not count."""
+    return {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix)), "result": "LESS", "target": "MOD",
+            "mod_revision": str(revision + 1)}
+
+
+def put_op(key: str, value: bytes) -> dict[str, Any]:
+    """A transaction's request: put `key`."""
+    return {"request_put": {"key": _b64(key), "value": _b64(value)}}
+
+
 class Etcd:
     """One client per process and configuration; safe to share between threads."""
 
@@ -213,8 +236,19 @@ class Etcd:
 
     def range(self, prefix: str) -> list[KeyValue]:
         """Every key under `prefix`, in key order."""
+        return self.range_at(prefix)[0]
+
+    def range_at(self, prefix: str) -> tuple[list[KeyValue], int]:
+        """Every key under `prefix`, and the store's revision they were read at (what a later
+        transaction compares against: `unchanged_since`)."""
         answer = self.call("/v3/kv/range", {"key": _b64(prefix), "range_end": _b64(prefix_end(prefix))})
-        return [_kv(item) for item in answer.get("kvs") or []]
+        revision = int((answer.get("header") or {}).get("revision", 0))
+        return [_kv(item) for item in answer.get("kvs") or []], revision
+
+    def txn(self, compare: list[dict[str, Any]], success: list[dict[str, Any]]) -> bool:
+        """One transaction: `success` runs only if every `compare` holds; whether it ran.
+        The pieces come from `absent`, `value_is`, `unchanged_since` and `put_op`."""
+        return bool(self.call("/v3/kv/txn", {"compare": compare, "success": success}).get("succeeded"))
 
     def put(self, key: str, value: bytes, lease: int = 0) -> None:
         body: dict[str, Any] = {"key": _b64(key), "value": _b64(value)}

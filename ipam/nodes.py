@@ -2,9 +2,14 @@
 dead node's address blocks.
 
 A node is registered under `<prefix>nodes/<name>` (name, underlay address) with a lease its
-agent renews; while the key exists, the node might still be serving its blocks, so they
-are never taken over — `release_node` refuses without force. A partitioned node that comes
-back finds its blocks as it left them.
+agent renews. A lapsed lease does not prove a node dead — it may only be cut off, and a node
+without an agent has no lease at all — so a plain `release_node` returns only the blocks of
+a node that declared itself that it is leaving (`declare_leaving`, `tenantnetctl ipam leave`
+on that node: it first stops allocating from its blocks and claiming new ones). Anything
+else needs `force`, and the operator's word that the node is gone: a node that is in fact
+alive stops allocating from the released blocks once it verifies them (its heartbeat, every
+5 s; an ADD after 15 s without one) — addresses it gave out before that may then be given
+out again by the blocks' next owner.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import json
 import time
 
 from cni.errors import CniError, Code
-from ipam.cluster import ClusterNode, client, owner_of
+from ipam.cluster import ClusterNode, client, leaving_key, owner_of
 from ipam.etcd import Etcd, EtcdError, EtcdUnavailable
 from ipam.holdings import forget_node
 
@@ -76,14 +81,33 @@ def blocks_by_node(etcd: Etcd, prefix: str) -> dict[str, list[tuple[str, str]]]:
     return out
 
 
+def declare_leaving(etcd: Etcd, prefix: str, name: str) -> None:
+    """Node `name` is leaving the cluster: it claims no block from now on (ipam/cluster.py
+    checks the key before every claim), and `release_node` may return its blocks."""
+    etcd.put(leaving_key(prefix, name), json.dumps({"since": round(time.time(), 3)}).encode())
+
+
+def is_leaving(etcd: Etcd, prefix: str, name: str) -> bool:
+    return etcd.get(leaving_key(prefix, name)) is not None
+
+
 def release_node(etcd: Etcd, prefix: str, name: str, force: bool = False) -> list[tuple[str, str]]:
     """Return every block of node `name` to the pool (the operator's action for a node that
-    is gone for good); refused while the node's liveness lease is alive, unless `force`.
-    Only blocks still owned by `name` are deleted (compared in the same transaction)."""
-    if not force and name in alive_nodes(etcd, prefix):
+    is gone for good). Without `force`, only for a node that declared it is leaving; a node
+    that owns no block needs neither. Only blocks still owned by `name` are deleted (compared
+    in the same transaction); the declaration goes with them, so the node may join again."""
+    if not force and not is_leaving(etcd, prefix, name) and name in blocks_by_node(etcd, prefix):
+        alive = name in alive_nodes(etcd, prefix)
         raise CniError(Code.TRY_AGAIN_LATER,
-                       f"node {name!r} is alive (its agent renews its lease in etcd): its blocks may "
-                       "still be serving pods; stop it first, or pass --force if it is truly gone")
+                       f"node {name!r} has not declared it is leaving (`tenantnetctl ipam leave` on that "
+                       "node)"
+                       + (", and its agent renews its lease in etcd" if alive else
+                          ": its lease lapsed, but a node that is only cut off (or runs no agent) keeps "
+                          "allocating from its blocks"),
+                       "run `tenantnetctl ipam leave` on the node first; or, only for a node you know is "
+                       "gone for good, pass --force — if it is in fact alive, it may give out addresses of "
+                       "those blocks until it next verifies them with etcd (within 5 s with its agent, 15 s "
+                       "without), the same addresses the blocks' next owner gives out")
     released = []
     base = f"{prefix}ipam/"
     for kv in etcd.range(base):
@@ -91,4 +115,5 @@ def release_node(etcd: Etcd, prefix: str, name: str, force: bool = False) -> lis
         if sep and owner_of(kv.value) == name and etcd.delete_if(kv.key, kv.value):
             released.append((network, block.replace("_", "/")))
     forget_node(etcd, prefix, name)
+    etcd.delete(leaving_key(prefix, name))
     return released

@@ -136,6 +136,7 @@ def _allocate_in_blocks(store: Store, cfg: IpamConfig, env: CniEnv, conf: NetCon
     from ipam import cluster  # only networks in cluster mode pay for the etcd client's imports
 
     ledger = cluster.Ledger(node, conf.name, data_dir, cfg.cluster, cfg.range_sets)
+    ledger.ensure_verified()  # a stat while the agent's heartbeat verifies the node's blocks
     for idx, address in allocator.requested_by_set(cfg, conf.name, requested).items():
         subnet = cfg.range_sets[idx].range_of(address)
         assert subnet is not None  # requested_by_set found it there

@@ -2,9 +2,15 @@
 (name, underlay address) under a lease renewed every third of its TTL (`ipam.nodes.Liveness`),
 and its cluster allocations are published for operators on other nodes, its pending release
 requests carried out (`ipam.holdings.Publisher`).
-An operator can then see the cluster (`tenantnetctl cluster nodes`), and a node that is
-alive — or only cut off — never has its address blocks taken over without `--force`. And
-it gives tenantnet-ipam a background runner, so that the next block is claimed ahead of need.
+An operator can then see the cluster (`tenantnetctl cluster nodes`). A node that is alive —
+or only cut off — never has its address blocks taken over without `--force` (a plain
+`ipam release-node` needs the node's own `ipam leave`), and each beat first verifies that
+etcd still names this node as the owner of every block it allocates from: a block found
+gone (released with `--force`, another node's now) is revoked locally, so no ADD allocates
+from it again, and the operator is told (`cluster.blocks_revoked`). That read is sent
+before the lease is renewed, so an ADD trusts it (ipam.cluster.VERIFY_FRESH) no longer than
+etcd keeps the node registered; past that an ADD verifies with etcd itself. The heartbeat
+also gives tenantnet-ipam a background runner, so that the next block is claimed ahead of need.
 
 Each beat also keeps pre-warm's part of the store right (drivers/prewarm.py, `sync_remote`):
 a pod's ADD and DEL give etcd a short bound only (prewarm.CLUSTER_WAIT), so what they could
@@ -64,15 +70,17 @@ class Heartbeat:
         cluster_node = ipam_client.cluster_node(node_config)
         self.liveness = Liveness(cluster_node, node_config.node_address) if cluster_node else None
         self.publisher: Any = None
+        self.cluster_node = cluster_node
+        self.data_dirs: Any = list
         if cluster_node is not None:
             from ipam import cluster, holdings, plugin
 
             fixed = (node_config.ipam_data_dir, *node_config.ipam_data_dirs)
-            # What the operators' `ipam ls --cluster` shows of this node: the stores of the node
-            # config, and every store this agent has served a cluster network from.
-            self.publisher = holdings.Publisher(
-                cluster_node, lambda: [*fixed, *sorted(cluster.data_dirs_seen)],
-                lambda d: plugin.open_store(d, create=False))
+            # The stores of the node config, and every store this agent has served a cluster
+            # network from: their blocks are verified, their allocations shown to operators.
+            self.data_dirs = lambda: list(dict.fromkeys([*fixed, *sorted(cluster.data_dirs_seen)]))
+            self.publisher = holdings.Publisher(cluster_node, self.data_dirs,
+                                                lambda d: plugin.open_store(d, create=False))
         self.interval = NODE_TTL / 3
         self.log = log
         self.node_config = node_config
@@ -98,6 +106,7 @@ class Heartbeat:
         failing = False
         while not self._stop.is_set():
             try:
+                self._verify_blocks()  # before the lease is renewed (see the module's docstring)
                 self.liveness.beat()
                 self.publisher.beat()
                 self._sync_prewarm()
@@ -109,6 +118,22 @@ class Heartbeat:
                     self.log.warning("cluster.heartbeat_failed", node=self.liveness.node.name, error=str(exc))
                 failing = True
             self._stop.wait(self.interval)
+
+    def _verify_blocks(self) -> None:
+        """Every cluster network's blocks in every store: still this node's in etcd?"""
+        from ipam import cluster, holdings
+        from ipam.config import ClusterSettings
+
+        for data_dir in self.data_dirs():
+            for network in holdings.cluster_networks(data_dir):
+                gone = cluster.Ledger(self.cluster_node, network, data_dir, ClusterSettings()).verify()
+                if gone:
+                    self.log.warning("cluster.blocks_revoked", node=self.cluster_node.name, network=network,
+                                     data_dir=data_dir, blocks=[str(b) for b in gone],
+                                     reason="etcd no longer names this node as their owner (released with "
+                                            "ipam release-node --force, or claimed by another node): no ADD "
+                                            "allocates from them again; addresses already given stay until "
+                                            "their DEL")
 
     def _sync_prewarm(self) -> None:
         """Pre-warm towards peers on other nodes that appeared since the last beat, and

@@ -29,6 +29,7 @@ from tenantnet.lab.ovs import LabError, vsctl
 META = "cluster.json"
 TOR_BRIDGE = "br-tor"
 ETCD_PREFIX = "/tenantnet/"
+CLUSTER_POOLS = ("10.0.0.0/8", "fd00::/16")  # the private ranges the demo and the tests take from
 
 
 def _free_port() -> int:
@@ -132,7 +133,9 @@ def up(root: str, nodes: int, vfs: int = 0, etcd: bool = True) -> dict[str, Any]
                          f"nodeName: node{i}\n"
                          f"ipamDataDir: {node_root}/ipam\n")
                 if meta["etcd"]:
-                    fh.write(f"etcdEndpoints: [{meta['etcd']}]\netcdPrefix: {ETCD_PREFIX}\n")
+                    # The admin's pools the lab's cluster networks take their ranges from.
+                    fh.write(f"etcdEndpoints: [{meta['etcd']}]\netcdPrefix: {ETCD_PREFIX}\n"
+                             f"clusterPools: [{', '.join(CLUSTER_POOLS)}]\n")
             meta["nodes"].append({"name": f"node{i}", "node_config": info.node_config, "bridge": info.bridge,
                                   "root": node_root, "uplink": uplink})
     except (LabError, OSError, subprocess.CalledProcessError):

@@ -102,10 +102,16 @@ def register(subparsers: Any, node_config_path: Callable[[argparse.Namespace], s
     p = sub.add_parser("nodes", help="cluster mode: which node owns how many address blocks, and is it alive")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     p.set_defaults(func=cmd_nodes, node_config_path=node_config_path, only_alive=False)
-    p = sub.add_parser("release-node", help="cluster mode: return a dead node's address blocks to the pool")
+    p = sub.add_parser("leave", help="cluster mode: this node stops allocating from its address blocks and "
+                                     "claims no more, so that `ipam release-node` may return them")
+    p.set_defaults(func=cmd_leave, node_config_path=node_config_path)
+    p = sub.add_parser("release-node", help="cluster mode: return the address blocks of a node that left (or "
+                                            "is gone) to the pool")
     p.add_argument("node", help="the node's name (nodeName)")
     p.add_argument("--force", action="store_true",
-                   help="even though its liveness lease is alive (only for a node you know is gone)")
+                   help="although the node did not run `ipam leave` (only for a node you know is gone for "
+                        "good: if it is alive it may give out addresses of those blocks until it next "
+                        "verifies them)")
     p.set_defaults(func=cmd_release_node, node_config_path=node_config_path)
     return ipam
 
@@ -189,7 +195,8 @@ def cmd_release_node(args: argparse.Namespace) -> int:
     try:
         released = ipam_nodes.release_node(etcd, prefix, args.node, args.force)
     except CniError as err:
-        print(f"tenantnetctl ipam release-node: {err.msg}", file=sys.stderr)
+        print(f"tenantnetctl ipam release-node: {err.msg}" + (f"; {err.details}" if err.details else ""),
+              file=sys.stderr)
         return 1
     except (cluster.EtcdUnavailable, cluster.EtcdError) as exc:
         print(f"tenantnetctl ipam release-node: {exc}", file=sys.stderr)
@@ -198,6 +205,31 @@ def cmd_release_node(args: argparse.Namespace) -> int:
         print(f"released block {block} of network {network} (was node {args.node})")
     if not released:
         print(f"node {args.node} owns no block")
+    return 0
+
+
+def cmd_leave(args: argparse.Namespace) -> int:
+    """This node leaves the cluster: declared in etcd first (no claim after it), then every
+    block of every store revoked locally (no allocation after it)."""
+    from ipam import cluster, holdings, plugin
+    from ipam import nodes as ipam_nodes
+    from ipam.config import ClusterSettings
+
+    found = _this_node(args)
+    if found is None:
+        return 1
+    who, node = found
+    try:
+        ipam_nodes.declare_leaving(cluster.client(who.etcd), who.prefix, who.name)
+    except (cluster.EtcdUnavailable, cluster.EtcdError) as exc:
+        print(f"tenantnetctl ipam leave: {exc}", file=sys.stderr)
+        return 1
+    for data_dir in dict.fromkeys([node.ipam_data_dir, *node.ipam_data_dirs]):
+        for network in holdings.cluster_networks(data_dir):
+            ledger = cluster.Ledger(who, network, data_dir, ClusterSettings())
+            for block in ledger.surrender(plugin.open_store(data_dir, create=False)):
+                print(f"stopped allocating from block {block} of network {network} ({data_dir})")
+    print(f"node {who.name} is leaving: run `tenantnetctl ipam release-node {who.name}` to return its blocks")
     return 0
 
 

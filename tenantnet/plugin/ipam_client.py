@@ -61,12 +61,15 @@ def cluster_node(node: Any) -> Any:
     the node config names no etcd (networks with ipam.cluster are then refused)."""
     if not node.etcd_endpoints:
         return None
+    import ipaddress
+
     from ipam.cluster import ClusterNode, default_node_name
     from ipam.etcd import EtcdConfig
 
     etcd = EtcdConfig(node.etcd_endpoints, node.etcd_ca_file, node.etcd_cert_file, node.etcd_key_file,
                       node.etcd_timeout)
-    return ClusterNode(node.node_name or default_node_name(), etcd, node.etcd_prefix)
+    pools = tuple(ipaddress.ip_network(p) for p in node.cluster_pools)
+    return ClusterNode(node.node_name or default_node_name(), etcd, node.etcd_prefix, pools)
 
 
 def _is_tenantnet(candidate: str, cni_path: tuple[str, ...]) -> bool:

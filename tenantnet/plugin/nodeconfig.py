@@ -87,6 +87,9 @@ class NodeConfig:
     etcd_key_file: str | None = None
     etcd_prefix: str = "/tenantnet/"
     etcd_timeout: float = 5.0
+    # The admin's cluster pools: a cluster network's ranges must lie inside one (a NAD is a
+    # tenant's, and its ranges are recorded cluster-wide). Normalised CIDRs.
+    cluster_pools: tuple[str, ...] = ()
     # The agent's /metrics endpoint (docs/metrics.md): 0 = not served. Its series name pods
     # and tenants, so it stays on the node unless the admin opens it, and then preferably
     # behind a bearer token (metricsTokenFile: "" = no token asked for).
@@ -181,6 +184,8 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "etcdKeyFile": ("etcd_key_file", str, "an absolute path of the key of etcdCertFile"),
     "etcdPrefix": ("etcd_prefix", str, "a key prefix starting and ending with / (default /tenantnet/)"),
     "etcdTimeout": ("etcd_timeout", float, "a number of seconds between 0.1 and 30"),
+    "clusterPools": ("cluster_pools", list, "a list of CIDRs (IPv4 /8 or longer, IPv6 /16 or longer) that "
+                                            "cluster networks' ranges must lie inside"),
     "metricsPort": ("metrics_port", int, "a TCP port for the agent's /metrics (1-65535), or 0 for none"),
     "metricsAddress": ("metrics_address", str, "an IP address to serve /metrics on (default 127.0.0.1; "
                                                "0.0.0.0 or :: for all)"),
@@ -213,6 +218,22 @@ _ETCD_URL = r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](
 _NODE_NAME = r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?"
 _BRIDGE = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"  # as a network config's `bridge` (tnconf)
 PREWARM_GRANTS = ("ofport_request", "mac")
+
+
+def _cluster_pools(given: list[object]) -> tuple[str, ...] | None:
+    """`clusterPools` as normalised CIDRs, or None when one is not a CIDR within the bounds."""
+    from ipam.config import WIDEST_CLUSTER_PREFIX
+
+    out = []
+    for item in given:
+        try:
+            net = ipaddress.ip_network(item, strict=False) if isinstance(item, str) else None
+        except ValueError:
+            net = None
+        if net is None or net.prefixlen < WIDEST_CLUSTER_PREFIX[net.version]:
+            return None
+        out.append(str(net))
+    return tuple(out)
 
 
 def normalise_ovsdb_endpoint(value: str) -> str | None:
@@ -367,6 +388,11 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             if not all(g in PREWARM_GRANTS for g in grants):
                 raise _bad(path, key, value, allowed)
             value = tuple(cast("list[str]", grants))
+        elif key == "clusterPools":
+            pools = _cluster_pools(cast("list[object]", value))
+            if pools is None:
+                raise _bad(path, key, value, allowed)
+            value = pools
         elif key == "etcdPrefix":
             prefix = cast(str, value)
             if not (prefix.startswith("/") and prefix.endswith("/")) or not prefix.isprintable():

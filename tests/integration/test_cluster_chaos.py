@@ -93,6 +93,7 @@ SEEDS = [int(s) for s in os.environ.get("TENANTNET_CHAOS_SEEDS", DEFAULT_SEEDS).
 ETCD_TIMEOUT = 5.0  # the workers' etcdTimeout: the node config's default (> an etcd election)
 SLACK = 2.0  # allowed on top of etcdTimeout for a code 11 on this loaded 2-core machine
 SUBNET = ipaddress.ip_network("10.96.0.0/24")
+POOLS = (ipaddress.ip_network("10.0.0.0/8"),)  # the admin's cluster pools (clusterPools)
 BLOCK = 28
 TOTAL_BLOCKS = 1 << (BLOCK - SUBNET.prefixlen)  # 16
 CAPACITY = SUBNET.num_addresses - 3  # network, gateway (.1), broadcast: 254
@@ -111,11 +112,11 @@ def worker_main(spec: dict[str, Any]) -> None:
     from cni.netconf import parse_netconf
     from ipam import allocator, cluster, plugin
     from ipam.cluster import ClusterNode
-    from ipam.config import Confinement, parse_ipam
+    from ipam.config import ClusterSettings, Confinement, parse_ipam
     from ipam.etcd import Etcd, EtcdConfig
 
     node = ClusterNode(spec["node"], EtcdConfig(tuple(spec["endpoints"]), timeout=spec["timeout"]),
-                       spec["prefix"])
+                       spec["prefix"], (ipaddress.ip_network("10.0.0.0/8"),))
     limits = Confinement((spec["root"],), ())
     raw_conf = spec["conf"]
     network, data_dir = raw_conf["name"], raw_conf["ipam"]["dataDir"]
@@ -141,6 +142,19 @@ def worker_main(spec: dict[str, Any]) -> None:
         threading.Thread(target=run, daemon=True).start()
 
     cluster.set_background(background)
+
+    def verifier() -> None:
+        """The agent heartbeat's block check (tenantnet/entry/heartbeat.py), every second here
+        rather than every 5 s: a no-quorum phase lasts up to ≈ 12 s, and an ADD trusts the
+        last check for cluster.VERIFY_FRESH (15 s) only — the node's ADDs must go on from
+        their blocks throughout the phase (invariant 5)."""
+        ledger = cluster.Ledger(node, network, data_dir, ClusterSettings())
+        while True:
+            with contextlib.suppress(Exception):  # etcd away: the next round tries again
+                ledger.verify()
+            time.sleep(1.0)
+
+    threading.Thread(target=verifier, daemon=True).start()
 
     class Keep(set):  # type: ignore[type-arg]
         """The valid attachments: those listed, and every container id not made yet."""
@@ -1076,9 +1090,9 @@ def test_a_block_being_returned_is_never_adopted_back(members: Any, tmp_path: Pa
 
     prefix = f"/tn-bug1-{os.getpid()}/"
     limits = Confinement((str(tmp_path),), ())
-    a = ClusterNode("node-a", EtcdConfig(members.endpoints), prefix)
-    b = ClusterNode("node-b", EtcdConfig(members.endpoints), prefix)
-    plugin.add(_env("a0"), _conf(tmp_path, "node-a"), limits, a)  # claims 10.97.0.0/28
+    a = ClusterNode("node-a", EtcdConfig(members.endpoints), prefix, POOLS)
+    b = ClusterNode("node-b", EtcdConfig(members.endpoints), prefix, POOLS)
+    plugin.add(_env("a0"), _conf(tmp_path, "node-a"), limits, a)  # claims its first block
     real, returning = cluster.client, threading.get_ident
 
     gate, paused, deleter = threading.Event(), threading.Event(), []
@@ -1148,20 +1162,25 @@ def test_an_orphaned_block_goes_back_to_the_pool(members: Any, tmp_path: Path) -
 
     prefix = f"/tn-bug2-{os.getpid()}/"
     limits = Confinement((str(tmp_path),), ())
-    a = ClusterNode("node-a", EtcdConfig(members.endpoints), prefix)
-    plugin.add(_env("a0"), _conf(tmp_path, "node-a", releaseAfter=0), limits, a)  # claims 10.97.0.0/28
+    a = ClusterNode("node-a", EtcdConfig(members.endpoints), prefix, POOLS)
+    plugin.add(_env("a0"), _conf(tmp_path, "node-a", releaseAfter=0), limits, a)  # claims its first block
     # 1. The DEL that empties the block cannot reach etcd (a black hole: accepts, never answers).
     with socket.socket() as hole:
         hole.bind(("127.0.0.1", 0))
         hole.listen(8)
         dark = ClusterNode("node-a", EtcdConfig((f"http://127.0.0.1:{hole.getsockname()[1]}",), timeout=0.3),
-                           prefix)
+                           prefix, POOLS)
         plugin.delete(_env("a0", "DEL"), _conf(tmp_path, "node-a", releaseAfter=0), limits, dark)  # local: fine
     # 2. node-b claims a block, and "crashes" between etcd's commit and its blocks file.
-    b = ClusterNode("node-b", EtcdConfig(members.endpoints), prefix)
-    plugin.add(_env("b0"), _conf(tmp_path, "node-b", releaseAfter=0), limits, b)  # claims 10.97.0.16/28
+    b = ClusterNode("node-b", EtcdConfig(members.endpoints), prefix, POOLS)
+    plugin.add(_env("b0"), _conf(tmp_path, "node-b", releaseAfter=0), limits, b)  # claims its first block
     (tmp_path / "node-b" / "cluster" / "rail-bug.blocks").unlink()
-    assert _blocks(members.endpoints, prefix) == {"10.97.0.0_28": "node-a", "10.97.0.16_28": "node-b"}
+    from tests.integration.test_cluster_ipam import first_block
+
+    block_a = first_block("node-a", "10.97.0.0/24")
+    block_b = first_block("node-b", "10.97.0.0/24", taken=(block_a,))
+    assert _blocks(members.endpoints, prefix) == {block_a.replace("/", "_"): "node-a",
+                                                  block_b.replace("/", "_"): "node-b"}
     # etcd reachable again: the DELs and GCs that must converge (nothing kept, nothing held).
     for who in (a, b):
         plugin.delete(_env("zz", "DEL"), _conf(tmp_path, who.name, releaseAfter=0), limits, who)
@@ -1193,7 +1212,7 @@ def test_concurrent_adds_needing_a_block_fail_promptly_without_etcd(tmp_path: Pa
         hole.bind(("127.0.0.1", 0))
         hole.listen(64)
         who = ClusterNode("node-a", EtcdConfig((f"http://127.0.0.1:{hole.getsockname()[1]}",), timeout=0.5),
-                          "/tn-bug3/")
+                          "/tn-bug3/", POOLS)
         results: list[tuple[int, float]] = []
 
         def run(i: int) -> None:
@@ -1234,8 +1253,11 @@ def test_an_etcd_restart_does_not_fail_the_next_claim(members: Any, tmp_path: Pa
     prefix = f"/tn-bug4-{os.getpid()}/"
     limits = Confinement((str(tmp_path),), ())
     m = members.members[1]
-    who = ClusterNode("node-a", EtcdConfig((m.endpoint,)), prefix)
-    for i in range(14):  # fills 10.97.0.0/28 (.2-.15): the next ADD needs a block
+    who = ClusterNode("node-a", EtcdConfig((m.endpoint,)), prefix, POOLS)
+    from tests.integration.test_cluster_ipam import first_block, room_of
+
+    for i in range(len(room_of(first_block("node-a", "10.97.0.0/24"), "10.97.0.0/24"))):
+        # fills node-a's first block: the next ADD needs a block
         plugin.add(_env(f"s{i}"), _conf(tmp_path, "node-a"), limits, who)
     m.stop()
     m.start(wait=False)
@@ -1326,15 +1348,18 @@ def test_dels_without_etcd_do_not_queue_behind_each_other(members: Any, tmp_path
 
     prefix = f"/tn-bug6-{os.getpid()}/"
     limits = Confinement((str(tmp_path),), ())
-    online = ClusterNode("node-a", EtcdConfig(members.endpoints), prefix)
-    for i in range(18):  # 10.97.0.0/28 full (14), 4 in 10.97.0.16/28
+    online = ClusterNode("node-a", EtcdConfig(members.endpoints), prefix, POOLS)
+    from tests.integration.test_cluster_ipam import first_block, room_of
+
+    full = len(room_of(first_block("node-a", "10.97.0.0/24"), "10.97.0.0/24"))
+    for i in range(full + 4):  # node-a's first block full, 4 in its second
         plugin.add(_env(f"d{i}"), _conf(tmp_path, "node-a"), limits, online)
     with socket.socket() as hole:  # from now on etcd accepts connections and never answers
         hole.bind(("127.0.0.1", 0))
         hole.listen(64)
         dark = ClusterNode("node-a", EtcdConfig((f"http://127.0.0.1:{hole.getsockname()[1]}",), timeout=0.3),
-                           prefix)
-        for i in range(14, 18):  # empties 10.97.0.16/28: its return cannot reach etcd, it is kept
+                           prefix, POOLS)
+        for i in range(full, full + 4):  # empties the second block: its return cannot reach etcd, it is kept
             plugin.delete(_env(f"d{i}", "DEL"), _conf(tmp_path, "node-a", releaseAfter=0), limits, dark)
         took: list[float] = []
 

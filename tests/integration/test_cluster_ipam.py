@@ -7,6 +7,7 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +24,7 @@ from cni.netconf import parse_netconf
 from ipam import cluster, plugin
 from ipam import nodes as ipam_nodes
 from ipam.cluster import ClusterNode
-from ipam.config import ClusterSettings, Confinement
+from ipam.config import ClusterSettings, Confinement, parse_ipam
 from ipam.etcd import Etcd, EtcdConfig
 from tests.integration.etcdsupport import EtcdServer
 
@@ -50,8 +51,26 @@ def env(cid: str, command: str = "ADD", args: str = "") -> Any:
                       "CNI_NETNS": "/run/netns/x", "CNI_PATH": "/usr/lib/cni", "CNI_ARGS": args})
 
 
+POOLS = (ipaddress.ip_network("10.0.0.0/8"),)  # the admin's cluster pools (clusterPools)
+
+
 def node(name: str, server: EtcdServer, timeout: float = 2.0) -> ClusterNode:
-    return ClusterNode(name, EtcdConfig((server.endpoint,), timeout=timeout), "/tn-test/")
+    return ClusterNode(name, EtcdConfig((server.endpoint,), timeout=timeout), "/tn-test/", POOLS)
+
+
+def first_block(name: str, subnet: str = "10.90.0.0/24", block: int = 28, taken: tuple[str, ...] = ()) -> str:
+    """The block node `name` claims first in `subnet` (its search starts at a point seeded
+    from its name), skipping `taken`."""
+    rs = parse_ipam({"ranges": [[{"subnet": subnet}]], "cluster": {"blockSize": block}}).range_sets[0]
+    return next(str(b) for b in cluster.blocks_from(rs, ClusterSettings(block_size=block), name)
+                if str(b) not in taken)
+
+
+def room_of(block: str, subnet: str = "10.90.0.0/24") -> list[str]:
+    """The addresses of `block` a config of just `subnet` hands out (in order)."""
+    net, sub = ipaddress.ip_network(block), ipaddress.ip_network(subnet)
+    reserved = {sub.network_address, sub.network_address + 1, sub.broadcast_address}  # .1: the gateway
+    return [str(a) for a in net if a not in reserved]
 
 
 def add(tmp: Path, who: ClusterNode, cid: str, **kw: Any) -> str:
@@ -99,10 +118,11 @@ def test_two_nodes_never_hand_out_one_address(tmp_path: Path, etcd: EtcdServer) 
 
 def test_room_in_a_block_needs_no_etcd_and_a_new_block_fails_fast(tmp_path: Path, etcd: EtcdServer) -> None:
     who = node("node-a", etcd, timeout=1.0)
-    first = add(tmp_path, who, "c0")  # claims a /28: 16 addresses, the network one excluded
+    room = room_of(first_block("node-a"))
+    first = add(tmp_path, who, "c0")  # claims a /28
     etcd.stop()
-    more = [add(tmp_path, who, f"c{i}") for i in range(1, 14)]  # the rest of the block, no etcd
-    assert len(set([first, *more])) == 14
+    more = [add(tmp_path, who, f"c{i}") for i in range(1, len(room))]  # the rest of the block, no etcd
+    assert [first, *more] == room
     started = time.monotonic()
     with pytest.raises(CniError) as err:
         add(tmp_path, who, "c-next")
@@ -124,7 +144,7 @@ def test_many_adds_needing_a_block_with_etcd_silent_all_fail_fast(tmp_path: Path
     silent.bind(("127.0.0.1", 0))
     silent.listen(64)  # the kernel completes the handshakes; nothing ever answers
     who = ClusterNode("node-a", EtcdConfig((f"http://127.0.0.1:{silent.getsockname()[1]}",), timeout=1.0),
-                      "/tn-test/")
+                      "/tn-test/", POOLS)
 
     def one(i: int) -> tuple[int, float]:
         t0 = time.monotonic()
@@ -188,7 +208,7 @@ def test_a_missing_store_is_refused_clearly(tmp_path: Path, etcd: EtcdServer) ->
 def test_the_executable_reads_the_cluster_store_from_the_node_config(tmp_path: Path, etcd: EtcdServer) -> None:
     node_config = tmp_path / "tenantnet.yaml"
     node_config.write_text(f"logFile: {tmp_path}/log/tn.log\nipamDataDirs: [{tmp_path}]\nnodeName: node-x\n"
-                           f"etcdEndpoints: [{etcd.endpoint}]\netcdPrefix: /tn-test/\n"
+                           f"etcdEndpoints: [{etcd.endpoint}]\netcdPrefix: /tn-test/\nclusterPools: [10.92.0.0/16]\n"
                            f"agentSocket: {tmp_path}/nobody.sock\n")
     raw = {"cniVersion": "1.0.0", "name": "rail-0", "type": "tenantnet-ipam",
            "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.92.0.0/24"}]],
@@ -200,8 +220,9 @@ def test_the_executable_reads_the_cluster_store_from_the_node_config(tmp_path: P
                                "CNI_NETNS": "/run/netns/x", "CNI_PATH": "/usr/lib/cni"})
     assert proc.returncode == 0, proc.stdout
     address = json.loads(proc.stdout)["ips"][0]["address"]
-    assert ipaddress.ip_interface(address) in ipaddress.ip_network("10.92.0.0/27")
-    assert blocks_in_etcd(etcd) == {"10.92.0.0_27": "node-x"}
+    block = first_block("node-x", "10.92.0.0/24", 27)
+    assert ipaddress.ip_interface(address) in ipaddress.ip_network(block)
+    assert blocks_in_etcd(etcd) == {block.replace("/", "_"): "node-x"}
 
 
 def test_empty_blocks_go_back_to_the_pool_after_the_grace(tmp_path: Path, etcd: EtcdServer) -> None:
@@ -240,11 +261,14 @@ def cluster_node_config(tmp: Path, server: EtcdServer, name: str) -> Path:
     (tmp / name / "log").mkdir(parents=True, exist_ok=True)
     path.write_text(f"stateDir: {tmp}/{name}/state\nlogFile: {tmp}/{name}/log/tn.log\nipamDataDirs: [{tmp}]\n"
                     f"nodeName: {name}\nnodeAddress: 192.0.2.7\netcdEndpoints: [{server.endpoint}]\n"
-                    f"etcdPrefix: /tn-test/\nagentSocket: {tmp}/{name}/sock/agent.sock\n")
+                    f"etcdPrefix: /tn-test/\nagentSocket: {tmp}/{name}/sock/agent.sock\nclusterPools: [10.0.0.0/8]\n")
     return path
 
 
-def test_a_live_nodes_blocks_are_released_only_by_force(tmp_path: Path, etcd: EtcdServer) -> None:
+def test_a_plain_release_node_needs_the_nodes_own_leave(tmp_path: Path, etcd: EtcdServer) -> None:
+    """A lapsed lease does not prove a node dead (issue 26, defect 4): a plain release-node
+    is refused until the node itself declared it is leaving (`ipam leave`, which first stops
+    it allocating and claiming); --force for a node known to be gone, with the risk named."""
     who = node("node-a", etcd)
     add(tmp_path, who, "a0")
     live = ipam_nodes.Liveness(who, "192.0.2.7", ttl=30)
@@ -255,17 +279,106 @@ def test_a_live_nodes_blocks_are_released_only_by_force(tmp_path: Path, etcd: Et
     assert shown == [{"name": "node-a", "alive": True, "address": "192.0.2.7", "blocks": 1,
                       "networks": ["rail-0"]}]
     refused = ctl(config, "ipam", "release-node", "node-a")
-    assert refused.returncode == 1 and "is alive" in refused.stderr and blocks_in_etcd(etcd)
-    live.stop()  # the agent stopped: deregistered at once
+    assert refused.returncode == 1 and "has not declared it is leaving" in refused.stderr, refused.stderr
+    assert "renews its lease" in refused.stderr and "--force" in refused.stderr and blocks_in_etcd(etcd)
+    live.stop()  # the lease gone (an agent stopped, or a node cut off for 15 s): still refused
     assert json.loads(ctl(config, "ipam", "nodes", "--json").stdout)[0]["alive"] is False
+    refused = ctl(config, "ipam", "release-node", "node-a")
+    assert refused.returncode == 1 and "only cut off" in refused.stderr, refused.stderr
+    assert "the same addresses the blocks' next owner gives out" in refused.stderr and blocks_in_etcd(etcd)
+    # The node leaves: it allocates from its blocks no more, and claims none.
+    own = cluster_node_config(tmp_path, etcd, "node-a")
+    own.write_text(own.read_text() + f"ipamDataDir: {tmp_path}/node-a\n")
+    left = ctl(own, "ipam", "leave")
+    block = first_block("node-a")
+    assert left.returncode == 0 and f"stopped allocating from block {block} of network rail-0" in left.stdout
+    with pytest.raises(CniError) as err:
+        add(tmp_path, who, "a1")
+    assert err.value.code == 11 and "declared it is leaving" in err.value.msg
     released = ctl(config, "ipam", "release-node", "node-a")
-    assert released.returncode == 0 and "released block 10.90.0.0/28 of network rail-0" in released.stdout
-    assert blocks_in_etcd(etcd) == {}
+    assert released.returncode == 0 and f"released block {block} of network rail-0" in released.stdout
+    assert blocks_in_etcd(etcd) == {} and not Etcd(EtcdConfig((etcd.endpoint,))).range("/tn-test/leaving/")
     # --force for a node whose lease is still alive (known to be gone for good)
     add(tmp_path, node("node-b", etcd), "b0")
     ipam_nodes.Liveness(node("node-b", etcd), ttl=30).beat()
     assert ctl(config, "ipam", "release-node", "node-b", "--force").returncode == 0
     assert blocks_in_etcd(etcd) == {}
+    # A node that owns no block needs neither.
+    assert ctl(config, "ipam", "release-node", "node-c").returncode == 0
+
+
+def test_a_node_whose_block_was_taken_stops_allocating_from_it(tmp_path: Path, etcd: EtcdServer,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The node side of defect 4: node-a's only block is released with --force while node-a
+    is cut off, node-b claims it. When node-a runs ADDs again without a recent verification
+    (no agent, or cut off longer than its lease) it asks etcd first: cut off, code 11; back,
+    it finds the block gone, revokes it, and never hands out an address of node-b's block."""
+    small = "10.93.0.0/28"  # one block: whoever holds it holds the pool
+    a, b = node("node-a", etcd), node("node-b", etcd)
+    given = add(tmp_path, a, "a0", subnet=small)
+    assert ipam_nodes.release_node(client_of(etcd), "/tn-test/", "node-a", force=True) == [("rail-0", small)]
+    taken_by_b = [add(tmp_path, b, f"b{i}", subnet=small) for i in range(3)]
+    assert given in taken_by_b  # the same address: node-a must not give out any of these now
+    monkeypatch.setattr(cluster, "VERIFY_FRESH", 0.0)  # node-a's last verification is too old
+    hole = socket.socket()
+    hole.bind(("127.0.0.1", 0))  # nothing listens: refused at once
+    try:
+        cut_off = ClusterNode("node-a", EtcdConfig((f"http://127.0.0.1:{hole.getsockname()[1]}",), timeout=0.3),
+                              "/tn-test/", POOLS)
+        with pytest.raises(CniError) as err:
+            add(tmp_path, cut_off, "a1", subnet=small)
+        assert err.value.code == 11 and "has not verified" in err.value.msg, err.value.msg
+    finally:
+        hole.close()
+    with pytest.raises(CniError) as err:
+        add(tmp_path, a, "a2", subnet=small)  # back: the block is node-b's now
+    assert err.value.code == 110, err.value.msg
+    blocks = tmp_path / "node-a" / "cluster"
+    assert (blocks / "rail-0.blocks").read_text() == ""
+    assert (blocks / "rail-0.revoked").read_text().split()[0] == small.replace("/", "_")
+    store = plugin.open_store(str(tmp_path / "node-a"), create=False)
+    assert store is not None and [x.container_id for x in store.allocations("rail-0")] == ["a0"]  # kept
+
+
+def test_a_healthy_heartbeat_keeps_adds_off_etcd_and_revokes_lost_blocks(tmp_path: Path, etcd: EtcdServer,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The agent's heartbeat verifies the node's blocks each beat: with a fresh verification an
+    ADD with room makes no etcd call (etcd may be down); a block found gone is revoked and
+    the operator told (cluster.blocks_revoked)."""
+    from tenantnet.entry.heartbeat import Heartbeat
+    from tenantnet.plugin import nodeconfig
+
+    class Log:
+        def __init__(self) -> None:
+            self.events: list[tuple[str, dict[str, Any]]] = []
+
+        def warning(self, event: str, **kw: Any) -> None:
+            self.events.append((event, kw))
+
+        info = warning
+
+    monkeypatch.setattr(cluster, "data_dirs_seen", set())  # only this test's stores (all node-a's)
+    config = cluster_node_config(tmp_path, etcd, "node-a")
+    config.write_text(config.read_text() + f"ipamDataDir: {tmp_path}/node-a\n")
+    log = Log()
+    beat = Heartbeat(nodeconfig.load(str(config)), log)
+    a = node("node-a", etcd)
+    add(tmp_path, a, "a0")
+    block = first_block("node-a")
+    beat._verify_blocks()
+    assert log.events == []
+    ipam_nodes.release_node(client_of(etcd), "/tn-test/", "node-a", force=True)
+    beat._verify_blocks()
+    assert [(e, kw["network"], kw["blocks"]) for e, kw in log.events] == [("cluster.blocks_revoked", "rail-0",
+                                                                           [block])]
+    add(tmp_path, a, "a1")  # a new block
+    beat._verify_blocks()
+    etcd.stop()
+    assert add(tmp_path, a, "a2")  # room, a fresh verification: no etcd call
+
+
+def client_of(server: EtcdServer) -> Etcd:
+    return Etcd(EtcdConfig((server.endpoint,)))
 
 
 def test_the_agent_keeps_its_node_registered(tmp_path: Path, etcd: EtcdServer) -> None:
@@ -303,15 +416,18 @@ def test_the_next_block_is_claimed_ahead_of_need(tmp_path: Path, etcd: EtcdServe
     cluster.set_background(background)
     try:
         who = node("node-a", etcd)
-        first = [add(tmp_path, who, f"c{i}") for i in range(10)]  # .2-.11 of 10.90.0.0/28
+        block = ipaddress.ip_network(first_block("node-a"))
+        room = room_of(str(block))
+        low = next(i for i, a in enumerate(room) if int(ipaddress.ip_address(a)) - int(block.network_address) >= 12)
+        first = [add(tmp_path, who, f"c{i}") for i in range(low)]  # up to offset 11 of the /28
         assert not ran and len(blocks_in_etcd(etcd)) == 1
-        add(tmp_path, who, "c10")  # .12: offset 12 of 16, the last quarter
+        first.append(add(tmp_path, who, "c-low"))  # offset 12 of 16: the last quarter
         for t in ran:
             t.join(10)
         assert len(ran) == 1 and len(blocks_in_etcd(etcd)) == 2
         etcd.stop()  # the blocks in hand now carry the next ADDs without etcd
         more = [add(tmp_path, who, f"d{i}") for i in range(8)]
-        assert len(set(first + more)) == 18
+        assert len(set(first + more)) == len(first) + 8
     finally:
         cluster.set_background(None)
 
@@ -325,15 +441,17 @@ def test_a_three_member_etcd_losing_members(tmp_path: Path) -> None:
 
     members = EtcdCluster(tmp_path / "etcd").start()
     try:
-        who = ClusterNode("node-a", EtcdConfig(members.endpoints), "/tn-test/")  # the default deadline
-        other = ClusterNode("node-b", EtcdConfig(members.endpoints), "/tn-test/")
+        who = ClusterNode("node-a", EtcdConfig(members.endpoints), "/tn-test/", POOLS)  # the default deadline
+        other = ClusterNode("node-b", EtcdConfig(members.endpoints), "/tn-test/", POOLS)
         got = [add(tmp_path, who, f"a{i}") for i in range(20)]
         members.members[0].stop()  # mid-burst: the client moves to the next member
         got += [add(tmp_path, who, f"a{i}") for i in range(20, 60)]
         got += [add(tmp_path, other, f"b{i}") for i in range(30)]
         members.members[1].stop()  # no quorum left
-        # node-a's 60 addresses filled 14 + 16 + 16 + 14 of its four /28 blocks: two are left.
-        room = [add(tmp_path, who, f"q{i}") for i in range(2)]
+        # What node-a's blocks have left after its 60 addresses (no claim without quorum).
+        owned = cluster.Ledger(who, "rail-0", str(tmp_path / "node-a"), ClusterSettings(block_size=28)).owned()
+        left = sum(len(room_of(str(b))) for b in owned) - 60
+        room = [add(tmp_path, who, f"q{i}") for i in range(left)]
         started = time.monotonic()
         with pytest.raises(CniError) as err:
             add(tmp_path, who, "q-next")
@@ -367,8 +485,8 @@ def test_tls_to_etcd_with_a_client_certificate(tmp_path: Path) -> None:
     server.start()
     try:
         good = EtcdConfig((server.endpoint,), str(tls["ca"]), str(tls["client_cert"]), str(tls["client_key"]))
-        who = ClusterNode("node-a", good, "/tn-test/")
-        assert add(tmp_path, who, "t0") == "10.90.0.2"
+        who = ClusterNode("node-a", good, "/tn-test/", POOLS)
+        assert add(tmp_path, who, "t0") == room_of(first_block("node-a"))[0]
         # Without a client certificate, or trusting another CA: a clear error, code 11, no hang.
         other = make_test_ca(tmp_path / "other-ca")
         for i, (config, needle) in enumerate((
@@ -376,7 +494,7 @@ def test_tls_to_etcd_with_a_client_certificate(tmp_path: Path) -> None:
                                (EtcdConfig((server.endpoint,), str(other["ca"]), str(tls["client_cert"]),
                                            str(tls["client_key"]), timeout=1.0), "CERTIFICATE_VERIFY_FAILED"))):
             with pytest.raises(CniError) as err:
-                add(tmp_path / f"refused{i}", ClusterNode("node-x", config, "/tn-test/"), "t1")
+                add(tmp_path / f"refused{i}", ClusterNode("node-x", config, "/tn-test/", POOLS), "t1")
             assert err.value.code == 11 and needle in err.value.msg, err.value.msg
     finally:
         server.remove()

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,7 @@ from ipam.config import Confinement
 from ipam.etcd import EtcdConfig
 from ipam.store import Allocation
 from tests.integration.etcdsupport import EtcdServer
-from tests.integration.test_cluster_ipam import cluster_node_config, ctl, env
+from tests.integration.test_cluster_ipam import POOLS, cluster_node_config, ctl, env, first_block, room_of
 
 pytestmark = pytest.mark.root
 
@@ -42,7 +44,7 @@ def conf(tmp: Path, node: str, network: str = "rail-0", subnet: str = "10.90.0.0
 
 
 def node(name: str, server: EtcdServer) -> ClusterNode:
-    return ClusterNode(name, EtcdConfig((server.endpoint,), timeout=2.0), "/tn-test/")
+    return ClusterNode(name, EtcdConfig((server.endpoint,), timeout=2.0), "/tn-test/", POOLS)
 
 
 def add(tmp: Path, who: ClusterNode, cid: str, **kw: Any) -> str:
@@ -74,14 +76,16 @@ def test_ls_show_release_and_gc_across_nodes(tmp_path: Path, etcd: EtcdServer) -
     rows = {r["containerID"]: r for r in json.loads(shown.stdout)}
     assert {c: (r["node"], r["address"]) for c, r in rows.items()} == {
         c: ("node-a" if c.startswith("a") else "node-b", addr[c]) for c in addr}
-    assert rows["a1"]["block"] == "10.90.0.0/28" and rows["b0"]["block"] == "10.90.0.16/28"
+    block_a = first_block("node-a")
+    block_b = first_block("node-b", taken=(block_a,))
+    assert rows["a1"]["block"] == block_a and rows["b0"]["block"] == block_b
     assert rows["b0"]["asOf"] == 0 and rows["a0"]["asOf"] > 0
     table = ctl(config, "ipam", "ls", "--cluster", *data_b).stdout
     assert table.splitlines()[0].split()[:4] == ["NODE", "NETWORK", "ADDRESS", "BLOCK"]
     one = ctl(config, "ipam", "show", addr["a1"], "--cluster", *data_b)
-    assert "node          node-a" in one.stdout and "block         10.90.0.0/28" in one.stdout
-    free = ctl(config, "ipam", "show", "10.90.0.9", "--cluster", *data_b)
-    assert free.returncode == 1 and "in block 10.90.0.0/28 of network rail-0, owned by node node-a" in free.stderr
+    assert "node          node-a" in one.stdout and f"block         {block_a}" in one.stdout
+    free = ctl(config, "ipam", "show", room_of(block_a)[-1], "--cluster", *data_b)
+    assert free.returncode == 1 and f"in block {block_a} of network rail-0, owned by node node-a" in free.stderr
     # A release of node-a's address from node-b: filed for node-a's agent, done on its beat.
     asked = ctl(config, "ipam", "release", addr["a1"], "--cluster", *data_b)
     assert asked.returncode == 0 and "requested" in asked.stdout and "from node node-a" in asked.stdout
@@ -114,7 +118,8 @@ def test_a_changed_block_size_is_refused_while_the_network_holds_blocks(tmp_path
     assert err.value.code == 7 and "blockSize 26" in err.value.msg and "cannot change" in err.value.msg
     limits = Confinement((str(tmp_path),), ())
     plugin.delete(env("a0", "DEL"), conf(tmp_path, "node-a", releaseAfter=0), limits, a)
-    assert add(tmp_path, b, "b0", blockSize=26) == "10.90.0.2"  # no block left: the new size holds
+    # No block left: the new size holds.
+    assert add(tmp_path, b, "b0", blockSize=26) == room_of(first_block("node-b", block=26))[0]
 
 
 def test_overlapping_pools_of_two_networks_are_refused(tmp_path: Path, etcd: EtcdServer) -> None:
@@ -133,3 +138,73 @@ def test_overlapping_pools_of_two_networks_are_refused(tmp_path: Path, etcd: Etc
                limits, a)
     assert add(tmp_path, b, "b1", network="rail-1", subnet="10.90.0.128/25", allowOverlap=True)
     assert add(tmp_path, b, "b2", network="rail-2", subnet="10.92.0.0/24")  # disjoint: fine
+
+
+def test_two_overlapping_networks_first_claiming_at_once_never_share_an_address(
+        tmp_path: Path, etcd: EtcdServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The overlap check and the first claim are one etcd transaction (issue 26, defect 5):
+    two overlapping networks making their first ADDs at the same moment on two nodes — one
+    gets its block, the other is refused with code 7, in every round. A pause after each
+    check (a busy node) widens the window between check and claim; it decides nothing."""
+    from ipam import pools
+
+    checked = pools.Pool.check_overlap
+
+    def slow_check(self: pools.Pool, etcd: Any) -> pools.PoolGuard:
+        guard = checked(self, etcd)
+        time.sleep(0.02)
+        return guard
+
+    monkeypatch.setattr(pools.Pool, "check_overlap", slow_check)
+    limits = Confinement((str(tmp_path),), ())
+    rounds, outcomes = 24, []
+    for i in range(rounds):
+        prefix = f"/race-{i}/"
+        who = [ClusterNode(n, EtcdConfig((etcd.endpoint,), timeout=5.0), prefix, POOLS) for n in ("node-a", "node-b")]
+        confs = [conf(tmp_path / f"r{i}", "node-a", network="rail-x", subnet="10.95.0.0/24"),
+                 conf(tmp_path / f"r{i}", "node-b", network="rail-y", subnet="10.95.0.0/25")]
+        got = _at_once([lambda k=k, c=confs[k], w=who[k]: str(plugin.add(env(f"c{k}"), c, limits, w).ips[0]
+                                                               .address.ip) for k in (0, 1)])
+        won = [g for g in got if isinstance(g, str)]
+        refused = [g for g in got if isinstance(g, CniError)]
+        assert len(won) == 1 and len(refused) == 1, f"round {i}: {got}"
+        assert refused[0].code == 7 and "overlaps network" in refused[0].msg, refused[0].msg
+        outcomes.append(got.index(won[0]))
+    print(f"\n{rounds} rounds; first ADD won by network: rail-x {outcomes.count(0)}, rail-y {outcomes.count(1)}")
+
+
+def _at_once(calls: list[Any]) -> list[Any]:
+    """Run `calls` on threads released together; each one's result or CniError."""
+    start = threading.Barrier(len(calls))
+    got: list[Any] = [None] * len(calls)
+
+    def run(k: int) -> None:
+        start.wait()
+        try:
+            got[k] = calls[k]()
+        except CniError as err:
+            got[k] = err
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    return got
+
+
+def test_a_nad_cannot_squat_ranges_outside_the_admins_pools(tmp_path: Path, etcd: EtcdServer) -> None:
+    """Issue 26, defect 6: a NAD whose range is not inside the node config's clusterPools (or
+    absurdly wide) is refused with code 7 before anything is written to etcd, so it cannot make
+    later networks overlap it; a network inside the pools then works."""
+    a, b = node("node-a", etcd), node("node-b", etcd)
+    for subnet, needle in (("172.16.0.0/12", "is not inside any of the cluster pools the admin allows (10.0.0.0/8)"),
+                           ("0.0.0.0/0", "must be /8 or longer")):
+        with pytest.raises(CniError) as err:
+            add(tmp_path, a, "a0", network="squat", subnet=subnet)
+        assert err.value.code == 7 and needle in err.value.msg, err.value.msg
+    assert not client(a.etcd).range("/tn-test/")  # nothing recorded: no ranges, no blocks
+    with pytest.raises(CniError) as err:
+        add(tmp_path, a._replace(pools=()), "a0", subnet="10.90.0.0/24")
+    assert err.value.code == 7 and "set clusterPools in the node config" in err.value.details
+    assert add(tmp_path, b, "b0", subnet="10.90.0.0/24")

@@ -119,3 +119,106 @@ def test_the_node_default_for_an_omitted_data_dir(tmp_path: Path) -> None:
     with pytest.raises(CniError) as err:
         nodeconfig.load(str(path))
     assert "ipamDataDir" in err.value.msg and f"{tmp_path}/stores" in err.value.msg
+
+
+def test_each_node_starts_its_search_at_a_point_of_its_own() -> None:
+    """Review of issue 26: nodes do not all race for the first free block. Each node's order
+    is stable, covers every block once, and begins at a point seeded from its name."""
+    from ipam.cluster import blocks_from
+
+    cfg = parse_ipam({"ranges": [[{"subnet": "10.1.0.0/24"}], [{"subnet": "10.2.0.0/25"}]],
+                      "cluster": {"blockSize": 28}})
+    rs = cfg.range_sets[0]._replace(ranges=cfg.range_sets[0].ranges + cfg.range_sets[1].ranges)
+    every = list(blocks_of(rs, ClusterSettings(block_size=28)))
+    firsts = set()
+    for name in (f"node-{i}" for i in range(8)):
+        order = list(blocks_from(rs, ClusterSettings(block_size=28), name))
+        assert sorted(order) == sorted(every) and len(order) == len(every) == 24
+        assert order == list(blocks_from(rs, ClusterSettings(block_size=28), name))  # stable
+        start = every.index(order[0])
+        assert order == every[start:] + every[:start]  # onwards from its point, wrapping around
+        firsts.add(order[0])
+    assert len(firsts) > 4  # 8 nodes, 24 blocks: spread out, not all at the first block
+    v6 = parse_ipam(ipam("fd00::/64")).range_sets[0]
+    assert next(iter(blocks_from(v6, ClusterSettings(), "node-0"))) != ipaddress.ip_network("fd00::/122")
+
+
+def test_losing_every_race_is_try_again_not_pool_exhausted(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Review of issue 26: after 64 blocks lost to other nodes' claims, with free blocks
+    left, the claim says code 11 (try again), not 110 (pool exhausted)."""
+    import json
+
+    from ipam import cluster
+    from ipam.etcd import EtcdConfig, KeyValue
+
+    class Racing:
+        """An etcd where another node wins every block this one tries."""
+
+        def __init__(self) -> None:
+            self.tried = 0
+
+        def range(self, prefix: str) -> list[KeyValue]:
+            return []
+
+        def range_at(self, prefix: str) -> tuple[list[KeyValue], int]:
+            return [], 1
+
+        def get(self, key: str) -> KeyValue | None:
+            if "/blocks/" in key:
+                return KeyValue(key, json.dumps({"node": "someone-else"}).encode(), 2, 2)
+            if key.endswith("pools/rail-0"):
+                return KeyValue(key, json.dumps({"blockSize": 30, "blockSizeV6": 122}, sort_keys=True).encode(),
+                                1, 1)
+            return None
+
+        def txn(self, compare: object, success: object) -> bool:
+            self.tried += 1
+            return False
+
+    racing = Racing()
+    monkeypatch.setattr(cluster, "client", lambda config: racing)
+    node = cluster.ClusterNode("node-a", EtcdConfig(("http://127.0.0.1:1",)), "/t/",
+                               (ipaddress.ip_network("10.0.0.0/8"),))
+    cfg = parse_ipam(ipam("10.1.0.0/23", blockSize=30))  # 128 blocks
+    assert cfg.cluster is not None
+    ledger = cluster.Ledger(node, "rail-0", str(tmp_path), cfg.cluster, cfg.range_sets)
+    with pytest.raises(CniError) as err:
+        ledger.claim(cfg.range_sets[0])
+    assert err.value.code == 11 and "other nodes claimed each of the 64" in err.value.msg, err.value.msg
+    assert racing.tried == 64
+
+
+@pytest.mark.parametrize("subnet,pools,needle", [
+    ("172.16.0.0/12", ("10.0.0.0/8",), "172.16.0.0/12 (172.16.0.1-172.31.255.254) is not inside any of the "
+                                       "cluster pools the admin allows (10.0.0.0/8)"),
+    ("0.0.0.0/0", ("10.0.0.0/8",), "ipam.ranges[0][0].subnet='0.0.0.0/0': a cluster network's IPv4 subnet must "
+                                   "be /8 or longer"),
+    ("::/0", (), "IPv6 subnet must be /16 or longer"),
+    ("10.1.0.0/24", (), "this node config names none"),
+    ("10.1.0.0/24", ("fd00::/16",), "is not inside any of the cluster pools"),
+])
+def test_a_cluster_range_must_lie_in_the_admins_pools(subnet: str, pools: tuple[str, ...], needle: str) -> None:
+    """Issue 26, defect 6: a NAD (a tenant's) cannot squat a range cluster-wide."""
+    from ipam.config import check_cluster_pools
+
+    cfg = parse_ipam(ipam(subnet))
+    with pytest.raises(CniError) as err:
+        check_cluster_pools(cfg.range_sets, tuple(ipaddress.ip_network(p) for p in pools))
+    assert err.value.code == 7 and needle in err.value.msg, err.value.msg
+    if not pools:
+        assert "set clusterPools in the node config" in err.value.details or "subnet must" in err.value.msg
+    check_cluster_pools(parse_ipam(ipam("10.1.0.0/24")).range_sets, (ipaddress.ip_network("10.0.0.0/8"),))
+    # Node-local mode is the node's own business: any range it parses is fine.
+    assert parse_ipam({"ranges": [[{"subnet": "172.16.0.0/12"}]]}).cluster is None
+
+
+def test_cluster_pools_in_the_node_config(tmp_path: Path) -> None:
+    path = tmp_path / "n.yaml"
+    path.write_text("nodeName: w1\netcdEndpoints: [http://127.0.0.1:2379]\nclusterPools: [10.90.0.0/16, 'fd00:90::/48']\n")
+    who = ipam_client.cluster_node(nodeconfig.load(str(path)))
+    assert who.pools == (ipaddress.ip_network("10.90.0.0/16"), ipaddress.ip_network("fd00:90::/48"))
+    for bad in ("[0.0.0.0/0]", "[10.0.0.0/7]", "[nonsense]", "['::/8']", "10.0.0.0/8"):
+        path.write_text(f"clusterPools: {bad}\n")
+        with pytest.raises(CniError) as err:
+            nodeconfig.load(str(path))
+        assert err.value.code == 7 and "clusterPools" in err.value.msg and "/8 or longer" in err.value.msg
