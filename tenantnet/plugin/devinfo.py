@@ -61,8 +61,9 @@ def accepted(value: object, container_id: str, ifname: str, directory: str) -> s
             or not _NAD_PREFIX.fullmatch(name[:-len(suffix)]):
         raise invalid_config(FIELD, value, f"must be the file Multus names for this attachment: {form} "
                                            "(another pod's or another plugin's file is never written)")
-    if len(name.encode()) > NAME_MAX:
-        raise invalid_config(FIELD, value, f"has a file name longer than {NAME_MAX} bytes")
+    longest = NAME_MAX - len(os.path.basename(staging_path(path))) + len(name)  # the staging name's room
+    if len(name.encode()) > longest:
+        raise invalid_config(FIELD, value, f"has a file name longer than {longest} bytes")
     return path
 
 

@@ -131,7 +131,8 @@ def test_device_info_file_is_the_attachments_own_and_only_removed_while_ours(tmp
                        (str(folder / "Upper-case-cid1_net2"), "<NAD namespace>-<NAD name>"),
                        (str(folder / "sub" / "ml-rail-vf-cid1_net2"), "<NAD namespace>-<NAD name>"),
                        (str(tmp_path / "devinfo" / "dp" / "x-device.json"), "allowed directories"),
-                       (f"{folder}/../cni/ml-rail-vf-cid1_net2", "plain path")):
+                       (f"{folder}/../cni/ml-rail-vf-cid1_net2", "plain path"),
+                       (str(folder / f"{'m' * 60}-{'n' * 200}-cid1_net2"), "longer than 244 bytes")):
         with pytest.raises(CniError) as err:
             devinfo.accepted(value, "cid1", "net2", str(folder))
         assert err.value.code == 7 and "runtimeConfig.CNIDeviceInfoFile" in err.value.msg and why in err.value.msg
