@@ -1,0 +1,152 @@
+"""A TenantNetwork rendered: the network config it means, the NAD each selected namespace
+gets, and what the controller checks across networks (pure; the renderer in
+tenantnet/kube/render.py writes the results, tnadmit.py renders a node's config with it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+from tenantnet.plugin.tenantnetworks import (
+    API_VERSION,
+    FINALIZER,
+    KIND,
+    MANAGED_BY,
+    MANAGED_BY_LABEL,
+    NAD_CNI_VERSION,
+    NETWORK_FIELD,
+    NETWORK_LABEL,
+    TenantNetwork,
+)
+from tenantnet.plugin.tenants import TenantResolver
+
+
+def render_config(tn: TenantNetwork, node_labels: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """The network config a TenantNetwork means: the NAD's `spec.config` (with the fabric's
+    network-wide bridge/PFs), and on a node (with its labels) what the attachment gets."""
+    bridge, pfs = tn.fabric.on(node_labels or {})
+    config: dict[str, Any] = {
+        "cniVersion": NAD_CNI_VERSION, "name": tn.name, "type": "tenantnet", NETWORK_FIELD: tn.name,
+        "mode": tn.fabric.mode,
+    }
+    if bridge:
+        config["bridge"] = bridge
+    if pfs:
+        config["pfs"] = list(pfs)
+    if tn.segment is not None:
+        config["vlan"] = tn.segment
+    if tn.mtu is not None:
+        config["mtu"] = tn.mtu
+    if tn.fabric.mode != "sriov":
+        config["prewarm"] = tn.prewarm
+    if tn.fabric.mode != "ovs":
+        config["rdma"] = tn.rdma
+        if tn.rail_alignment is not None:
+            config["railAlignment"] = {"within": tn.rail_alignment.within, "action": tn.rail_alignment.action}
+    ipam: dict[str, Any] = {"type": "tenantnet-ipam",
+                            "ranges": [[r.to_config() for r in rs] for rs in tn.pool.ranges]}
+    if tn.pool.routes:
+        ipam["routes"] = [{"dst": d, **({"gw": g} if g else {})} for d, g in tn.pool.routes]
+    if tn.pool.block_size is not None:
+        ipam["cluster"] = {"blockSize": tn.pool.block_size}
+    config["ipam"] = ipam
+    capabilities = {}
+    if tn.pod_choices.static_ip:
+        capabilities["ips"] = True
+    if tn.pod_choices.mac:
+        capabilities["mac"] = True
+    if tn.fabric.mode != "ovs":
+        capabilities["deviceID"] = True
+        capabilities["CNIDeviceInfoFile"] = True
+    if capabilities:
+        config["capabilities"] = capabilities
+    return config
+
+
+def render_nad(tn: TenantNetwork, namespace: str) -> dict[str, Any]:
+    """The NetworkAttachmentDefinition the renderer writes into `namespace`."""
+    annotations = {}
+    if tn.fabric.resource_name and tn.fabric.mode != "ovs":
+        annotations["k8s.v1.cni.cncf.io/resourceName"] = tn.fabric.resource_name
+    metadata: dict[str, Any] = {
+        "name": tn.name, "namespace": namespace,
+        "labels": {NETWORK_LABEL: tn.name, MANAGED_BY_LABEL: MANAGED_BY},
+        "finalizers": [FINALIZER],
+        "ownerReferences": [{"apiVersion": API_VERSION, "kind": KIND, "name": tn.name, "uid": tn.uid,
+                             "controller": True, "blockOwnerDeletion": True}],
+    }
+    if annotations:
+        metadata["annotations"] = annotations
+    return {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition", "metadata": metadata,
+            "spec": {"config": json.dumps(render_config(tn), sort_keys=True, separators=(",", ":"))}}
+
+
+def selected(tn: TenantNetwork, resolver: TenantResolver, namespaces: Mapping[str, Mapping[str, str]]
+             ) -> tuple[list[str], list[str]]:
+    """(namespaces the network is rendered into, conflicts: namespaces whose tenant sources
+    disagree — reported in the status, given nothing)."""
+    chosen, conflicts = [], []
+    for ns in sorted(namespaces):
+        labels = namespaces[ns]
+        res = resolver.resolve(ns, labels)
+        if res.conflict:
+            conflicts.append(res.reason)
+        elif tn.grants(ns, res, labels):
+            chosen.append(ns)
+    return chosen, conflicts
+
+
+def cluster_conflicts(networks: list[TenantNetwork], resolver_tenants: Mapping[str, frozenset[str]]
+                      ) -> dict[str, str]:
+    """What the controller refuses across TenantNetworks (name -> reason; the older network,
+    by name order, keeps its claim): overlapping pools, and one VLAN of one fabric for two
+    networks of different tenants. `resolver_tenants`: each network's tenants (listed and
+    selected namespaces' tenants), computed by the caller."""
+    refused: dict[str, str] = {}
+    ok: list[TenantNetwork] = []
+    for tn in sorted(networks, key=lambda n: n.name):
+        reason = ""
+        for other in ok:
+            both = tn.pool.overlaps(other.pool)
+            if both:
+                reason = f"ipam range {both[0]} overlaps TenantNetwork {other.name}'s {both[1]}"
+                break
+            mine = resolver_tenants.get(tn.name, frozenset())
+            theirs = resolver_tenants.get(other.name, frozenset())
+            if tn.segment is not None and tn.segment == other.segment and mine != theirs and \
+                    set(_fabrics(tn)) & set(_fabrics(other)):
+                shared = sorted(set(_fabrics(tn)) & set(_fabrics(other)))[0]
+                reason = (f"VLAN {tn.segment} of {shared} is TenantNetwork {other.name}'s "
+                          f"(tenants {', '.join(sorted(theirs)) or 'none'}); a VLAN of one fabric belongs "
+                          "to one tenant")
+                break
+        if reason:
+            refused[tn.name] = reason
+        else:
+            ok.append(tn)
+    return refused
+
+
+def _fabrics(tn: TenantNetwork) -> list[str]:
+    out = []
+    per_node = [(n.bridge or tn.fabric.bridge, n.pfs or tn.fabric.pfs) for n in tn.fabric.nodes]
+    for bridge, pfs in [(tn.fabric.bridge, tn.fabric.pfs), *per_node]:
+        if bridge:
+            out.append(f"bridge {bridge}")
+        else:
+            out.extend(f"PF {p}" for p in pfs)
+    return out
+
+
+def auto_vlan(tn: TenantNetwork, taken: Mapping[str, set[int]], lo: int, hi: int) -> int | None:
+    """The lowest VLAN of the admin's range [lo, hi] free on every fabric of `tn`
+    (taken: fabric -> VLANs in use there), or None when the range is used up."""
+    used: set[int] = set()
+    for f in _fabrics(tn):
+        used |= taken.get(f, set())
+    for vlan in range(lo, hi + 1):
+        if vlan not in used:
+            return vlan
+    return None
