@@ -52,6 +52,7 @@ from typing import Any, NamedTuple
 
 from cni.errors import CniError, Code
 from cni.result import IPAddress, IPNetwork
+from ipam import outage
 from ipam.blockfile import BlockFile, block_name, parse_block
 from ipam.blocks import block_of, blocks_from, blocks_of, restrict
 from ipam.blocks import contains as _in
@@ -140,10 +141,6 @@ def set_background(run: Callable[[Callable[[], None]], object] | None) -> None:
 # allocations, ipam/holdings.py).
 data_dirs_seen: set[str] = set()
 
-# When a claim of this process last found etcd unreachable, per blocks file: a claim that
-# was waiting for the ledger's lock meanwhile fails at once (see `Ledger._locked_claim`).
-_unreachable_at: dict[str, float] = {}
-
 
 class Take(Enum):
     """What one claim transaction of one block came to."""
@@ -187,14 +184,14 @@ class Ledger:
         """The ledger's lock for a claim. Claims of one network queue behind one another;
         when etcd has no quorum each would spend its own etcdTimeout after the previous one's,
         so a burst of ADDs needing a block would wait N × etcdTimeout for its code 11. A
-        claim waiting for the lock when another claim of this process finds etcd unreachable
+        claim waiting for the lock when another claim of this node finds etcd unreachable
         fails at once instead — and a claim begun later still tries etcd."""
-        waited_from = time.monotonic()
-        with self._locked(lambda: _unreachable_at.get(self.path, 0.0) > waited_from):
+        waited_from = outage.seen(self.path)  # across the node's processes (ipam/outage.py)
+        with self._locked(lambda: outage.seen(self.path) != waited_from):
             try:
                 yield
             except EtcdUnavailable:
-                _unreachable_at[self.path] = time.monotonic()
+                outage.mark(self.path)
                 raise
 
     def _read(self) -> dict[IPNetwork, float | None]:
@@ -312,7 +309,7 @@ class Ledger:
         crash between a claim and the file) are returned too."""
         now = time.time()
         returned: list[IPNetwork] = []
-        waited_from = time.monotonic()
+        waited_from = outage.seen(self.path)
         with self._locked():
             pending = self.file.returning()
             with store.transaction() as txn:
@@ -335,7 +332,7 @@ class Ledger:
             if not todo and not sweep:
                 return []
             recent = time.time() - self.file.returning_since() < RETRY_RETURNS_AFTER
-            if _unreachable_at.get(self.path, 0.0) > waited_from or (not sweep and pending and recent):
+            if outage.seen(self.path) != waited_from or (not sweep and pending and recent):
                 # A claim or return of this network found etcd unreachable while this call
                 # waited for the lock, or a return etcd did not hear of is recent: tell etcd
                 # later rather than wait for it once more — DELs queued behind each other, or
@@ -357,7 +354,7 @@ class Ledger:
                         etcd.delete_if(key, kv.value)
                     told += 1
             except EtcdUnavailable:
-                _unreachable_at[self.path] = time.monotonic()
+                outage.mark(self.path)
                 self.file.set_returning(todo[told:])
                 raise
             if pending:
