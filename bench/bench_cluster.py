@@ -9,6 +9,7 @@ Prints a markdown block (make bench puts it into docs/benchmarks.md).
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import statistics
 import sys
 import tempfile
@@ -23,6 +24,8 @@ from ipam import plugin  # noqa: E402
 from ipam.cluster import ClusterNode  # noqa: E402
 from ipam.config import Confinement  # noqa: E402
 from ipam.etcd import Etcd, EtcdConfig  # noqa: E402
+
+POOLS = (ipaddress.ip_network("10.0.0.0/8"),)  # the admin's cluster pools (clusterPools)
 from tests.integration.etcdsupport import EtcdCluster, EtcdServer  # noqa: E402
 from tests.polling import poll  # noqa: E402
 
@@ -48,7 +51,7 @@ def main() -> int:
         root = Path(d)
         server = EtcdServer(root / "etcd").start()
         try:
-            node = ClusterNode("bench-node", EtcdConfig((server.endpoint,)), "/bench/")
+            node = ClusterNode("bench-node", EtcdConfig((server.endpoint,)), "/bench/", POOLS)
             limits = Confinement((d,), ())
 
             def conf(kind: str) -> object:
@@ -116,7 +119,7 @@ def members_lost(root: Path) -> dict[str, float]:
     members = EtcdCluster(root / "etcd").start()
     d = str(root)
     limits = Confinement((d,), ())
-    who = ClusterNode("node-q", EtcdConfig(members.endpoints), "/quorum/")
+    who = ClusterNode("node-q", EtcdConfig(members.endpoints), "/quorum/", POOLS)
     conf = parse_netconf({"cniVersion": "1.0.0", "name": "rail-q", "type": "x", "ipam": {
         "type": "tenantnet-ipam", "ranges": [[{"subnet": "10.202.0.0/20"}]], "dataDir": f"{d}/store",
         "cluster": {"blockSize": 28, "releaseAfter": 0}}})
@@ -179,7 +182,8 @@ def node_burst(d: str, endpoint: str, nodes: int, per_node: int, parallel: int) 
     from concurrent.futures import ThreadPoolExecutor
 
     limits = Confinement((d,), ())
-    who = [ClusterNode(f"node-{n}", EtcdConfig((endpoint,), timeout=5.0), "/burst/") for n in range(nodes)]
+    who = [ClusterNode(f"node-{n}", EtcdConfig((endpoint,), timeout=5.0), "/burst/", POOLS)
+           for n in range(nodes)]
 
     def conf(n: int) -> object:
         return parse_netconf({"cniVersion": "1.0.0", "name": "rail-burst", "type": "x", "ipam": {
