@@ -126,7 +126,12 @@ class Heartbeat:
 
         for data_dir in self.data_dirs():
             for network in holdings.cluster_networks(data_dir):
-                gone = cluster.Ledger(self.cluster_node, network, data_dir, ClusterSettings()).verify()
+                try:
+                    gone = cluster.Ledger(self.cluster_node, network, data_dir, ClusterSettings()).verify()
+                except OSError as exc:  # this store's files: the others, and the lease, still count
+                    self.log.warning("cluster.verify_failed", network=network, data_dir=data_dir,
+                                     error=str(exc))
+                    continue
                 if gone:
                     self.log.warning("cluster.blocks_revoked", node=self.cluster_node.name, network=network,
                                      data_dir=data_dir, blocks=[str(b) for b in gone],

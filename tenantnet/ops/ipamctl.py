@@ -1,5 +1,5 @@
 """Operators' commands: `tenantnetctl ipam ls | show | release | gc | import-host-local |
-nodes | release-node`, and `tenantnetctl cluster nodes`.
+nodes | leave | release-node`, and `tenantnetctl cluster nodes`.
 
 `register(subparsers)` adds the `ipam` command to an argparse subparsers object; every
 handler takes the parsed namespace and returns the process exit code: 0 done, 1 nothing
