@@ -18,11 +18,13 @@ import json
 import time
 
 from cni.errors import CniError, Code
-from ipam.cluster import ClusterNode, client, leaving_key, owner_of
+from ipam.cluster import VERIFY_FRESH, ClusterNode, client, leaving_key, owner_of
 from ipam.etcd import Etcd, EtcdError, EtcdUnavailable
 from ipam.holdings import forget_node
 
-NODE_TTL = 15  # seconds a node stays "alive" in etcd after its agent's last heartbeat
+# Seconds a node stays "alive" in etcd after its agent's last heartbeat: as long as an ADD
+# trusts the beat's verification of the node's blocks (ipam/cluster.py), never shorter.
+NODE_TTL = int(VERIFY_FRESH)
 
 
 def node_key(prefix: str, name: str) -> str:
