@@ -24,6 +24,12 @@ from cni.errors import CniError, Code, invalid_config
 from cni.result import DNS, IPAddress, IPNetwork, Route
 
 DEFAULT_DATA_DIR = "/var/lib/tenantnet/ipam"
+# Range sets one network config may have. An ADD takes one address from every set, so this
+# is also the most addresses one interface gets; real configs have one or two (IPv4, IPv6),
+# host-local names no limit. Work that pairs range sets (the pool metrics compare every set
+# with every other) grows with the square of the count, so a tenant's NAD must not choose it:
+# 16 leaves room for unusual multi-homed configs and keeps that work at 256 pairs.
+MAX_RANGE_SETS = 16
 HOST_LOCAL_DATA_DIR = "/var/lib/cni/networks"  # host-local's own default dataDir
 
 
@@ -37,6 +43,10 @@ class Confinement(NamedTuple):
     # tenantnet-ipam's store when a config names no dataDir (the node config's ipamDataDir):
     # one NAD, a store per node wherever the admin keeps it.
     default_data_dir: str = DEFAULT_DATA_DIR
+    # Where the stores opened while allowed are listed (ipam/known_stores.py, the node's
+    # <stateDir>/ipam-stores): a DEL releases there even after ipamDataDirs was narrowed.
+    # "": no list (a DEL then releases only inside data_dirs).
+    known_stores: str = ""
 
 
 DEFAULT_CONFINEMENT = Confinement()
@@ -316,6 +326,7 @@ def _range_sets(ipam: dict[str, Any]) -> list[RangeSet]:
             f"ipam.{styles[1]}", ipam[styles[1]],
             f"cannot be combined with ipam.{styles[0]}; use one way to give the ranges",
         )
+    _check_set_count(ipam, styles)
     sets: list[RangeSet] = []
     if "ranges" in styles:
         for i, rs in enumerate(_list("ipam.ranges", ipam["ranges"])):
@@ -338,6 +349,20 @@ def _range_sets(ipam: dict[str, Any]) -> list[RangeSet]:
                                                          obj.get("gateway")),)))
     _check_sets(sets)
     return sets
+
+
+def _check_set_count(ipam: dict[str, Any], styles: list[str]) -> None:
+    """At most MAX_RANGE_SETS range sets, counted before any is parsed."""
+    if "ranges" in styles:
+        field, count = "ipam.ranges", len(ipam["ranges"]) if isinstance(ipam["ranges"], list) else 0
+    else:
+        ip_ranges = ipam.get("ipRanges")
+        field = "ipam.ipRanges"
+        count = (len(ip_ranges) if isinstance(ip_ranges, list) else 0) + (ipam.get("range") is not None)
+    if count > MAX_RANGE_SETS:
+        raise invalid_config(field, f"{count} range sets",
+                             f"at most {MAX_RANGE_SETS} range sets per network (an ADD takes one address "
+                             "from each; one per IP family is usual)")
 
 
 def _check_sets(sets: list[RangeSet]) -> None:

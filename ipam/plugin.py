@@ -16,6 +16,8 @@ from __future__ import annotations
 import ipaddress
 import os
 import threading
+import time
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 from cni.env import CniEnv
@@ -23,35 +25,110 @@ from cni.errors import CniError, Code
 from cni.netconf import NetConf
 from cni.result import DNS, IPAddress, IPConfig, Result
 from hostfiles.confined import confined_dir
-from ipam import allocator
+from ipam import allocator, known_stores
 from ipam.config import Confinement, IpamConfig, data_dir_of, parse_ipam, static_requests
-from ipam.sqlite_store import DB_NAME, SqliteStore
+from ipam.sqlite_store import DB_NAME, Removal, SqliteStore, remove_if_unused
 from ipam.store import Allocation, Store, release_owner
 from ipam.store import gc as store_gc
 
 if TYPE_CHECKING:
     from ipam.cluster import ClusterNode
 
-_stores: dict[str, SqliteStore] = {}
+# The stores this process has open, most recently used last. Bounded: a tenant choosing a new
+# dataDir per NAD must not grow the agent's descriptors (four per open store) without end.
+# An evicted store is closed; whoever still holds it opens it again on its next use.
+MAX_OPEN_STORES = 32
+_stores: OrderedDict[str, SqliteStore] = OrderedDict()
 _stores_pid = os.getpid()
 _stores_lock = threading.Lock()
+# Store directories this process has listed in the node's known stores (known_stores.py).
+_listed: set[str] = set()
 
 
-def open_store(data_dir: str, *, create: bool = True) -> Store | None:
+def open_store(data_dir: str, *, create: bool = True) -> SqliteStore | None:
     """The store for `data_dir`, opened once per process (None if absent and not `create`)."""
     global _stores_pid
+    evicted: list[SqliteStore] = []
     with _stores_lock:
         if _stores_pid != os.getpid():
             # A forked child must not share its parent's SQLite connections.
             _stores.clear()
+            _listed.clear()
             _stores_pid = os.getpid()
         store = _stores.get(data_dir)
         if store is None:
             if not create and not os.path.exists(os.path.join(data_dir, DB_NAME)):
                 return None
-            store = SqliteStore(data_dir)
+            store = SqliteStore(data_dir, create=create)
             _stores[data_dir] = store
-        return store
+            while len(_stores) > MAX_OPEN_STORES:
+                evicted.append(_stores.popitem(last=False)[1])
+        else:
+            _stores.move_to_end(data_dir)
+    for old in evicted:
+        old.close()  # outside the cache's lock: it waits for a transaction still running on it
+    return store
+
+
+def _opened(data_dir: str, limits: Confinement | None, *, create: bool = True) -> SqliteStore | None:
+    """`open_store`, and the store listed as one tenantnet opened where it was allowed."""
+    store = open_store(data_dir, create=create)
+    if store is not None and data_dir not in _listed:
+        known_stores.record(_limits(limits).known_stores, data_dir)
+        if len(_listed) > 4 * MAX_OPEN_STORES:
+            _listed.clear()
+        _listed.add(data_dir)
+    return store
+
+
+# How long a store tenantnet made must have held nothing before a DEL or GC removes it. Not
+# at once: its cursors go with it, and host-local never hands a just-freed address out again
+# at once (a peer's ARP entry for it may still be fresh; Linux keeps a stale one up to 60 s).
+EMPTY_GRACE_S = 60.0
+
+
+def _removable(store: SqliteStore, data_dir: str, limits: Confinement | None) -> bool:
+    """A store that may go once it holds nothing: tenantnet made it, and it is not the
+    node's default store (that one serves every NAD without dataDir)."""
+    return store.made_by_tenantnet and data_dir != _limits(limits).default_data_dir
+
+
+def note_if_empty(store: SqliteStore, data_dir: str, limits: Confinement | None) -> None:
+    """Mark a removable store that holds nothing (known_stores.mark_empty)."""
+    if not _removable(store, data_dir, limits):
+        return
+    try:
+        if store.holds_nothing():
+            known_stores.mark_empty(_limits(limits).known_stores, data_dir)
+    except CniError:
+        pass
+
+
+def sweep_empty(limits: Confinement | None, now: float | None = None) -> list[str]:
+    """Remove the stores that have held nothing for EMPTY_GRACE_S (the ones removed). Best
+    effort: a store open in another process, or whose files are busy, stays for a later call;
+    one holding an address again loses its mark."""
+    registry = _limits(limits).known_stores
+    now = time.time() if now is None else now
+    removed = []
+    for data_dir, since in known_stores.empty_since(registry):
+        if now - since < EMPTY_GRACE_S:
+            continue
+        if not known_stores.recorded(registry, data_dir):
+            known_stores.forget(registry, data_dir)  # its listing went: only the mark was left
+            continue
+        with _stores_lock:
+            store = _stores.pop(data_dir, None)
+        if store is not None:
+            store.close()  # our own open copy would count as a user
+        outcome = remove_if_unused(data_dir)
+        if outcome is Removal.REMOVED:
+            known_stores.forget(registry, data_dir)
+            _listed.discard(data_dir)
+            removed.append(data_dir)
+        elif outcome is not Removal.IN_USE:
+            known_stores.unmark_empty(registry, data_dir)
+    return removed
 
 
 def _requested(env: CniEnv, conf: NetConf) -> list[ipaddress.IPv4Address | ipaddress.IPv6Address]:
@@ -106,13 +183,19 @@ def add(env: CniEnv, conf: NetConf, limits: Confinement | None = None,
     requested = _requested(env, conf)
     data_dir = _data_dir(conf.ipam, limits)
     dns = _dns(cfg, limits)  # read resolvConf before recording anything: its errors are config errors
-    store = open_store(data_dir)
+    store = _opened(data_dir, limits)
     assert store is not None
-    if cfg.cluster is None:
-        with store.transaction() as txn:
-            grants = allocator.allocate(txn, cfg, _owner(env, conf), requested)
-    else:
-        grants = _allocate_in_blocks(store, cfg, env, conf, requested, data_dir, cluster_node)
+    try:
+        if cfg.cluster is None:
+            with store.transaction() as txn:
+                grants = allocator.allocate(txn, cfg, _owner(env, conf), requested)
+        else:
+            grants = _allocate_in_blocks(store, cfg, env, conf, requested, data_dir, cluster_node)
+    except CniError:
+        note_if_empty(store, data_dir, limits)  # a refused ADD's new store goes like any empty one
+        raise
+    if _removable(store, data_dir, limits):
+        known_stores.unmark_empty(_limits(limits).known_stores, data_dir)  # holds one again
     ips = [
         IPConfig(
             address=ipaddress.ip_interface(f"{g.address}/{g.range.subnet.prefixlen}"),
@@ -171,11 +254,31 @@ def delete(env: CniEnv, conf: NetConf, limits: Confinement | None = None,
            cluster_node: ClusterNode | None = None) -> None:
     # Only dataDir is needed to release: a DEL must work even if the ranges were since
     # edited into something invalid, and must not create a store that never existed.
-    data_dir = _data_dir(conf.ipam, limits)
-    store = open_store(data_dir, create=False)
+    data_dir = _release_dir(conf.ipam, limits)
+    store = _opened(data_dir, limits, create=False)
     if store is not None:
         release_owner(store, conf.name, env.container_id, env.ifname)
         return_empty_blocks(store, conf, data_dir, cluster_node)
+        note_if_empty(store, data_dir, limits)
+    sweep_empty(limits)
+
+
+def _release_dir(ipam: object, limits: Confinement | None) -> str:
+    """Where a DEL releases: the config's dataDir if the node allows it, else if it is a
+    store tenantnet opened while it was allowed (ipam/known_stores.py) — so narrowing
+    ipamDataDirs does not leak the addresses allocated before. Code 7 otherwise."""
+    try:
+        return _data_dir(ipam, limits)
+    except CniError as err:
+        if err.code != Code.INVALID_CONFIG:
+            raise
+        try:
+            value = data_dir_of(ipam if isinstance(ipam, dict) else {}, _limits(limits).default_data_dir)
+        except CniError:
+            raise err from None
+        if not known_stores.recorded(_limits(limits).known_stores, value):
+            raise
+        return value
 
 
 def return_empty_blocks(store: Store, conf: NetConf, data_dir: str, node: ClusterNode | None,
@@ -198,7 +301,7 @@ def return_empty_blocks(store: Store, conf: NetConf, data_dir: str, node: Cluste
 def check(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> None:
     cfg = parse_ipam(conf.ipam)
     where = f"network {conf.name!r} container {env.container_id} interface {env.ifname}"
-    store = open_store(_data_dir(conf.ipam, limits), create=False)
+    store = _opened(_data_dir(conf.ipam, limits), limits, create=False)
     held: list[Allocation] = []
     if store is not None:
         with store.snapshot() as txn:
@@ -243,26 +346,32 @@ def check(env: CniEnv, conf: NetConf, limits: Confinement | None = None) -> None
 def gc(conf: NetConf, keep: set[tuple[str, str]], limits: Confinement | None = None,
        cluster_node: ClusterNode | None = None) -> None:
     data_dir = _data_dir(conf.ipam, limits)
-    store = open_store(data_dir, create=False)
+    store = _opened(data_dir, limits, create=False)
     if store is not None:
         store_gc(store, conf.name, keep)
         # GC also returns blocks etcd names as this node's that its blocks file lost.
         return_empty_blocks(store, conf, data_dir, cluster_node, sweep=True)
+        note_if_empty(store, data_dir, limits)
+    sweep_empty(limits)
 
 
 def status(conf: NetConf, limits: Confinement | None = None) -> None:
     cfg = parse_ipam(conf.ipam)
     try:
-        store = open_store(_data_dir(conf.ipam, limits))
+        data_dir = _data_dir(conf.ipam, limits)
+        store = _opened(data_dir, limits)
         assert store is not None
-        with store.snapshot() as txn:
-            for idx, rs in enumerate(cfg.range_sets):
-                if allocator.next_free(txn, conf.name, idx, rs) is None:
-                    raise CniError(
-                        Code.NOT_AVAILABLE,
-                        f"not available: network {conf.name!r} has no free address in range set "
-                        f"{idx} ({rs.describe()})",
-                    )
+        try:
+            with store.snapshot() as txn:
+                for idx, rs in enumerate(cfg.range_sets):
+                    if allocator.next_free(txn, conf.name, idx, rs) is None:
+                        raise CniError(
+                            Code.NOT_AVAILABLE,
+                            f"not available: network {conf.name!r} has no free address in range set "
+                            f"{idx} ({rs.describe()})",
+                        )
+        finally:
+            note_if_empty(store, data_dir, limits)  # STATUS made it to see it could: not to keep
     except CniError as err:
         if err.code == Code.NOT_AVAILABLE:
             raise

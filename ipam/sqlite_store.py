@@ -19,13 +19,16 @@ blocks skipped, never one per used address.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import sqlite3
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from enum import Enum
 from typing import Any, TypeVar
 
 from cni.errors import CniError, Code
@@ -75,6 +78,14 @@ class SqliteTransaction:
 
     def __init__(self, db: sqlite3.Connection) -> None:
         self._db = db
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        return self._db
+
+    def holds_nothing(self) -> bool:
+        row = self._db.execute("SELECT NOT EXISTS (SELECT 1 FROM allocation)").fetchone()
+        return bool(row[0])
 
     def owned_by(self, network: str, container_id: str, ifname: str) -> list[Allocation]:
         rows = self._db.execute(
@@ -217,27 +228,112 @@ RESERVE_NAME = "ipam.reserve"
 RESERVE_BYTES = 256 << 10
 
 
+# The files of a store, all in its dataDir. LOCK_NAME is held shared (flock) by every open
+# store, in any process, and exclusively by `remove_if_unused` only: a store is removed only
+# when nobody has it open. CREATED_NAME lists the directories tenantnet made for this store
+# (deepest first); a store without it was not made by tenantnet (or by an older release)
+# and is never removed.
+LOCK_NAME = "ipam.lock"
+CREATED_NAME = "ipam.created"
+_STORE_FILES = frozenset({DB_NAME, f"{DB_NAME}-wal", f"{DB_NAME}-shm", f"{DB_NAME}-journal", "ipam.reserve",
+                          LOCK_NAME, CREATED_NAME})
+_NO_SURPRISES = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC  # no symlink followed, no FIFO waited on
+_OPEN_ATTEMPTS = 50  # a store removed under our feet is made again; bounded all the same
+
+
+def _missing_dirs(path: str) -> list[str]:
+    """`path` and its parents that do not exist, deepest first."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            break
+        path = parent
+    return missing
+
+
+def _hold(data_dir: str, create: bool) -> tuple[Any, list[str]]:
+    """The store's lock file, held shared, and the directories this call created. It is the
+    lock file that is at the path now: one opened just before `remove_if_unused` unlinked it
+    is let go and the store made again (or, without `create`, found missing)."""
+    from hostfiles.confined import ensure_private_dir
+
+    lock_path = os.path.join(data_dir, LOCK_NAME)
+    made: list[str] = []
+    for _ in range(_OPEN_ATTEMPTS):
+        if create:
+            missing = _missing_dirs(data_dir)
+            ensure_private_dir(data_dir)
+            made += [d for d in missing if d not in made]
+        elif not os.path.exists(os.path.join(data_dir, DB_NAME)):
+            raise CniError(Code.IO_FAILURE, f"no IPAM store at {os.path.join(data_dir, DB_NAME)}")
+        try:
+            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | _NO_SURPRISES, 0o600)
+        except FileNotFoundError:
+            continue  # the directory went (removed as unused): make it again
+        lock = os.fdopen(fd, "r+b", buffering=0)  # closed with the store, or when it is collected
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            if os.stat(lock_path).st_ino == os.fstat(fd).st_ino:
+                return lock, made
+        except FileNotFoundError:
+            pass
+        except BaseException:
+            lock.close()
+            raise
+        lock.close()
+    raise CniError(Code.TRY_AGAIN_LATER, f"IPAM store in {data_dir!r} was removed and made again "
+                                         f"{_OPEN_ATTEMPTS} times while this call opened it")
+
+
 class SqliteStore(Store):
-    """`<data_dir>/ipam.db`; safe to open from any number of processes at once."""
+    """`<data_dir>/ipam.db`; safe to open from any number of processes at once.
+
+    Closing it lets its files go (the connection, the lock); using it again opens them again,
+    so a store closed by a cache that evicted it still works for whoever holds it."""
 
     def __init__(self, data_dir: str, *, create: bool = True) -> None:
         self.data_dir = data_dir
         self.path = os.path.join(data_dir, DB_NAME)
+        self.create = create
         self._lock = threading.RLock()
         self._reserve_used = False
-        try:
-            if create:
-                from hostfiles.confined import ensure_private_dir
+        self._db: sqlite3.Connection | None = None
+        self._hold: Any = None
+        self.made_by_tenantnet = False  # CREATED_NAME is there: removable once it holds nothing
+        self._open()
 
-                ensure_private_dir(data_dir)
+    def _open(self) -> None:
+        try:
+            self._hold, made = _hold(self.data_dir, self.create)
+        except OSError as exc:
+            raise CniError(
+                Code.IO_FAILURE, f"cannot open IPAM store in {self.data_dir!r}: {exc.strerror or exc}"
+            ) from None
+        try:
+            self._connect(made)
+        except BaseException:
+            self._hold.close()
+            self._hold = None
+            raise
+
+    def _connect(self, made: list[str]) -> None:
+        data_dir = self.data_dir
+        created_path = os.path.join(data_dir, CREATED_NAME)
+        try:
+            if self.create:
+                if made:
+                    _write_created(created_path, made)
                 # Create the file ourselves so it is 0600 whatever the umask (it names pods);
                 # SQLite gives the -wal and -shm files the same mode.
                 os.close(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600))
             elif not os.path.exists(self.path):
                 raise CniError(Code.IO_FAILURE, f"no IPAM store at {self.path}")
-            if create:
+            self.made_by_tenantnet = os.path.lexists(created_path)
+            if self.create:
                 self._keep_reserve()
-            self._db = sqlite3.connect(
+            db = sqlite3.connect(
                 self.path,
                 timeout=BUSY_TIMEOUT_S,
                 isolation_level=None,  # we issue BEGIN IMMEDIATE / COMMIT ourselves
@@ -249,11 +345,24 @@ class SqliteStore(Store):
             ) from None
         except sqlite3.Error as exc:
             raise CniError(Code.IO_FAILURE, f"cannot open IPAM store {self.path!r}: {exc}") from None
+        self._db = db
         try:
             self._setup()
         except sqlite3.Error as exc:
-            self._db.close()
+            db.close()
+            self._db = None
             raise CniError(Code.IO_FAILURE, f"cannot open IPAM store {self.path!r}: {exc}") from None
+        except BaseException:
+            db.close()
+            self._db = None
+            raise
+
+    def _conn(self) -> sqlite3.Connection:
+        """The connection, opened again if the store was closed (call with self._lock held)."""
+        if self._db is None:
+            self._open()
+        assert self._db is not None
+        return self._db
 
     @property
     def _reserve_path(self) -> str:
@@ -287,6 +396,7 @@ class SqliteStore(Store):
 
     def _setup(self) -> None:
         db = self._db
+        assert db is not None
         db.execute("PRAGMA synchronous = NORMAL")
         db.execute("PRAGMA foreign_keys = OFF")
         mode = db.execute("PRAGMA journal_mode").fetchone()[0]
@@ -319,26 +429,27 @@ class SqliteStore(Store):
     @contextmanager
     def transaction(self) -> Iterator[SqliteTransaction]:
         with self._lock:
+            db = self._conn()
             try:
-                self._db.execute("BEGIN IMMEDIATE")
+                db.execute("BEGIN IMMEDIATE")
             except sqlite3.OperationalError as exc:
                 raise CniError(
                     Code.TRY_AGAIN_LATER,
                     f"IPAM store {self.path!r} stayed locked for {BUSY_TIMEOUT_S:.0f} s: {exc}",
                 ) from None
             try:
-                yield SqliteTransaction(self._db)
+                yield SqliteTransaction(db)
             except sqlite3.Error as exc:
-                self._db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
                 raise CniError(Code.IO_FAILURE, f"IPAM store {self.path!r}: {exc}") from None
             except BaseException:
-                self._db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
                 raise
             try:
-                self._db.execute("COMMIT")
+                db.execute("COMMIT")
             except sqlite3.Error as exc:
-                if self._db.in_transaction:
-                    self._db.execute("ROLLBACK")
+                if db.in_transaction:
+                    db.execute("ROLLBACK")
                 raise CniError(Code.IO_FAILURE, f"cannot commit to {self.path!r}: {exc}") from None
             if self._reserve_used:  # room again (this commit needed some): take the reserve back
                 self._reserve_used = False
@@ -348,11 +459,17 @@ class SqliteStore(Store):
     def snapshot(self) -> Iterator[SqliteTransaction]:
         """A read-only, consistent view (a deferred transaction that takes no write lock)."""
         with self._lock:
-            self._db.execute("BEGIN")
+            db = self._conn()
+            db.execute("BEGIN")
             try:
-                yield SqliteTransaction(self._db)
+                yield SqliteTransaction(db)
             finally:
-                self._db.execute("ROLLBACK")
+                db.execute("ROLLBACK")
+
+    def holds_nothing(self) -> bool:
+        """No allocation of any network (cursors are not counted: they go with the store)."""
+        with self.snapshot() as txn:
+            return txn.holds_nothing()
 
     def allocations(self, network: str | None = None) -> list[Allocation]:
         with self.snapshot() as txn:
@@ -364,19 +481,20 @@ class SqliteStore(Store):
 
     def verify(self) -> list[str]:
         problems: list[str] = []
-        with self.snapshot():
-            check = self._db.execute("PRAGMA integrity_check").fetchall()
+        with self.snapshot() as txn:
+            db = txn.db
+            check = db.execute("PRAGMA integrity_check").fetchall()
             if check != [("ok",)]:
                 problems.extend(f"integrity_check: {r[0]}" for r in check)
             expected: dict[tuple[str, int, bytes, int], int] = {}
-            for network, family, sup, sub, bit in self._db.execute(
+            for network, family, sup, sub, bit in db.execute(
                 "SELECT network, family, super, sub, bit FROM allocation"
             ):
                 key = (network, family, sup, sub)
                 expected[key] = expected.get(key, 0) | (1 << bit)
             actual: dict[tuple[str, int, bytes, int], int] = {}
             full_expected: dict[tuple[str, int, bytes], int] = {}
-            for network, family, sup, sub, w0, w1, w2, w3, used in self._db.execute(
+            for network, family, sup, sub, w0, w1, w2, w3, used in db.execute(
                 "SELECT network, family, super, sub, w0, w1, w2, w3, used FROM used_block"
             ):
                 bits = _bits(w0, w1, w2, w3)
@@ -390,7 +508,7 @@ class SqliteStore(Store):
                 problems.append("used_block bitmaps do not match the allocation rows")
             full_actual = {
                 (network, family, sup): _bits(f0, f1, f2, f3)
-                for network, family, sup, f0, f1, f2, f3 in self._db.execute(
+                for network, family, sup, f0, f1, f2, f3 in db.execute(
                     "SELECT network, family, super, f0, f1, f2, f3 FROM full_block"
                 )
             }
@@ -400,4 +518,103 @@ class SqliteStore(Store):
 
     def close(self) -> None:
         with self._lock:
-            self._db.close()
+            if self._db is not None:
+                self._db.close()
+                self._db = None
+            if self._hold is not None:
+                self._hold.close()
+                self._hold = None
+
+
+def _write_created(path: str, made: list[str]) -> None:
+    """Record the directories this store's creation made (kept if one is there already)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except FileExistsError:
+        return
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write("".join(f"{d}\n" for d in made))
+
+
+def _read_created(data_dir: str) -> list[str] | None:
+    """The directories CREATED_NAME lists, or None without a (regular, small) one."""
+    try:
+        fd = os.open(os.path.join(data_dir, CREATED_NAME), os.O_RDONLY | _NO_SURPRISES)
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as fh:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        text = fh.read(1 << 16).decode("utf-8", "replace")
+    # Only data_dir and its own parents: whatever else the file might say is never removed.
+    parents = set(_self_and_parents(data_dir))
+    return [d for d in text.splitlines() if d in parents]
+
+
+def _self_and_parents(data_dir: str) -> list[str]:
+    out, path = [], data_dir
+    while True:
+        out.append(path)
+        parent = os.path.dirname(path)
+        if parent == path:
+            return out
+        path = parent
+
+
+class Removal(Enum):
+    """What `remove_if_unused` found."""
+
+    REMOVED = "removed"
+    IN_USE = "open somewhere"  # try again later
+    HOLDS = "holds allocations"
+    NOT_OURS = "not made by tenantnet, or not only a store"
+
+
+def remove_if_unused(data_dir: str) -> Removal:
+    """Remove the store in `data_dir` (its files, and the directories tenantnet made for it)
+    if tenantnet made it, it holds no allocation, nothing else is in the directory, and no
+    process has it open — this process's own SqliteStore of it must be closed first. Nothing
+    is touched otherwise, and the answer says why. Safe against concurrent opens: an opener waits for the
+    shared lock, then finds the lock file it holds gone from the path and makes the store
+    again (`_hold`)."""
+    made = _read_created(data_dir)
+    if made is None:
+        return Removal.NOT_OURS
+    lock_path = os.path.join(data_dir, LOCK_NAME)
+    try:
+        fd = os.open(lock_path, os.O_RDWR | _NO_SURPRISES)
+    except OSError:
+        return Removal.NOT_OURS
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return Removal.IN_USE  # open somewhere (another process, or another store object)
+        if os.stat(lock_path).st_ino != os.fstat(fd).st_ino:
+            return Removal.IN_USE
+        if not set(os.listdir(data_dir)) <= _STORE_FILES:
+            return Removal.NOT_OURS  # a cluster ledger, or anything not ours: the directory stays
+        db_path = os.path.join(data_dir, DB_NAME)
+        if os.path.exists(db_path):
+            db = sqlite3.connect(db_path, timeout=0, isolation_level=None)
+            try:
+                if not SqliteTransaction(db).holds_nothing():
+                    return Removal.HOLDS
+            finally:
+                db.close()  # the last connection: SQLite checkpoints and removes the WAL
+        for name in sorted(_STORE_FILES - {LOCK_NAME}):
+            try:
+                os.unlink(os.path.join(data_dir, name))
+            except FileNotFoundError:
+                pass
+        os.unlink(lock_path)  # last: an opener waiting for it now finds the path changed
+        for directory in made:
+            try:
+                os.rmdir(directory)
+            except OSError:
+                break  # not empty (another store below it) or not ours to remove
+        return Removal.REMOVED
+    except (OSError, sqlite3.Error):
+        return Removal.IN_USE  # busy (SQLite) or half-read: looked at again later
+    finally:
+        os.close(fd)

@@ -53,7 +53,8 @@ def confinement(node: Any) -> Any:
     """The node's limits on an IPAM config's dataDir and resolvConf (ipam.config.Confinement)."""
     from ipam.config import Confinement
 
-    return Confinement(node.ipam_data_dirs, node.resolv_conf_paths, node.ipam_data_dir)
+    return Confinement(node.ipam_data_dirs, node.resolv_conf_paths, node.ipam_data_dir,
+                       os.path.join(node.state_dir, "ipam-stores"))
 
 
 def cluster_node(node: Any) -> Any:

@@ -232,3 +232,34 @@ def test_unavailable_static_address_records_nothing(tmp_path: Path) -> None:
     store = plugin.open_store(str(tmp_path), create=False)
     assert store is not None and store.allocations() == []
     assert os.listdir(tmp_path)  # the store exists; it simply holds nothing
+
+
+def _sets(n: int) -> list[list[dict[str, str]]]:
+    return [[{"subnet": f"10.{i // 256}.{i % 256}.0/24"}] for i in range(n)]
+
+
+@pytest.mark.parametrize(("ipam", "field"), [
+    ({"ranges": _sets(1000)}, "ipam.ranges"),
+    ({"ranges": _sets(17)}, "ipam.ranges"),
+    ({"range": "10.200.0.0/24",
+      "ipRanges": [{"range": f"10.{i}.0.0/24"} for i in range(16)]}, "ipam.ipRanges"),
+])
+def test_more_range_sets_than_the_limit_are_refused_naming_field_count_and_limit(
+        tmp_path: Path, ipam: dict[str, Any], field: str) -> None:
+    from ipam.config import MAX_RANGE_SETS
+
+    count = len(ipam.get("ranges") or ipam["ipRanges"]) + ("range" in ipam)
+    data_dir = tmp_path / "store"
+    with pytest.raises(CniError) as info:
+        plugin.add(_env(), _conf({"type": "tenantnet-ipam", "dataDir": str(data_dir), **ipam}))
+    assert info.value.code == Code.INVALID_CONFIG
+    assert f"{field}='{count} range sets'" in info.value.msg, info.value.msg
+    assert f"at most {MAX_RANGE_SETS} range sets" in info.value.msg
+    assert not data_dir.exists()
+
+
+def test_the_limit_itself_is_accepted() -> None:
+    from ipam.config import MAX_RANGE_SETS
+
+    cfg = parse_ipam({"type": "tenantnet-ipam", "ranges": _sets(MAX_RANGE_SETS)})
+    assert len(cfg.range_sets) == MAX_RANGE_SETS
