@@ -9,6 +9,7 @@
     tenantnetctl offload                     which datapath flows run in the NIC, per pod/tenant
     tenantnetctl agent run|status            the resident per-node agent (fast path)
     tenantnetctl ipam ...                    tenantnet-ipam's address store
+    tenantnetctl doctor                      is this node ready? each check PASS/FAIL with its fix
 """
 
 from __future__ import annotations
@@ -404,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.set_defaults(func=cmd_ls)
 
     from tenantnet.entry import agentctl as agent_cli
-    from tenantnet.ops import install, railsctl
+    from tenantnet.ops import doctor, install, railsctl
     from tenantnet.ops import ipamctl as ipam_cli
     from tenantnet.ops.flowreport import cli as offload_cli
 
@@ -414,6 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     offload_cli.register(sub, node_config_path)
     railsctl.register(sub, node_config_path)
     agent_cli.register(sub, collectors=(_offload_collector,))
+    doctor.register(sub)
     return parser
 
 

@@ -1,0 +1,798 @@
+"""`tenantnetctl doctor` against a node made of fakes: a healthy one (every check PASS, so a
+check that cannot pass would show), then one thing broken at a time — each breaks exactly
+its check, which FAILs (or WARNs) with its fix.
+
+The fakes are real servers on real sockets in tmp_path: an OVSDB answering list_dbs and
+selects, the agent's protocol (tenantnet.entry.shim framing), the lab's simulated kubelet
+pod-resources server, an etcd JSON gateway, a Kubernetes API server (CRDs and
+SelfSubjectAccessReviews); a sysfs tree from tenantnet.lab.nicsysfs; shell scripts for
+Multus's and tenantnet's executables.
+"""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tenantnet.entry import shim
+from tenantnet.entry.agent import STATUS_OP
+from tenantnet.lab import nicsysfs
+from tenantnet.lab import podresources as labkubelet
+from tenantnet.ops import doctor
+from tenantnet.ops.doctor import Doctor, Options, Status
+from tenantnet.plugin.system import vfcontrol
+from tenantnet.plugin.system.vfcontrol import VfControl
+
+BIN = Path(sys.executable).parent
+
+
+# ---- fakes -----------------------------------------------------------------------------------
+
+class Server:
+    """A unix-socket server thread: accepts until closed, hands each connection to `serve`."""
+
+    def __init__(self, path: str, serve: Any) -> None:
+        self.path = path
+        self.serve = serve
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(path)
+        self.sock.listen(16)
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._one, args=(conn,), daemon=True).start()
+
+    def _one(self, conn: socket.socket) -> None:
+        with conn:
+            try:
+                self.serve(conn)
+            except OSError:
+                pass
+
+    def close(self) -> None:
+        self.stop.set()
+        self.sock.close()
+        if os.path.exists(self.path):
+            os.unlink(self.path)
+
+
+@dataclass
+class FakeOvsdb:
+    bridges: set[str] = field(default_factory=set)
+    other_config: dict[str, str] = field(default_factory=dict)
+    silent: bool = False  # accepts, never answers
+
+    def serve(self, conn: socket.socket) -> None:
+        buf = ""
+        decoder = json.JSONDecoder()
+        while True:
+            data = conn.recv(65536)
+            if not data:
+                return
+            if self.silent:
+                continue
+            buf += data.decode()
+            while buf.strip():
+                try:
+                    msg, end = decoder.raw_decode(buf.lstrip())
+                except ValueError:
+                    break
+                buf = buf.lstrip()[end:]
+                conn.sendall(json.dumps({"id": msg["id"], "error": None, "result": self.answer(msg)}).encode())
+
+    def answer(self, msg: dict[str, Any]) -> Any:
+        if msg["method"] == "list_dbs":
+            return ["Open_vSwitch"]
+        results = []
+        for op in msg["params"][1:]:
+            if op["table"] == "Bridge":
+                name = op["where"][0][2]
+                results.append({"rows": [{"_uuid": ["uuid", "0" * 8]}] if name in self.bridges else []})
+            else:
+                results.append({"rows": [{"other_config": ["map", [[k, v] for k, v in self.other_config.items()]]}]})
+        return results
+
+
+@dataclass
+class FakeAgent:
+    report: dict[str, Any] = field(default_factory=lambda: {"pid": 4242, "uptimeS": 12, "served": 3,
+                                                            "oldestRunningS": 0})
+    asked: list[str] = field(default_factory=list)
+
+    def serve(self, conn: socket.socket) -> None:
+        plugin, environ, _, _ = shim.decode_request(shim.recv_frame(conn))
+        self.asked.append(plugin)
+        # The trampoline forwards VERSION to the agent too.
+        out = VERSION_JSON.encode() if environ.get(b"CNI_COMMAND") == b"VERSION" else json.dumps(self.report).encode()
+        conn.sendall(shim.frame(shim.encode_response(0, out)))
+
+
+class TestVfControl(VfControl):
+    """Answers only the eswitch mode: the one the node config's `vfControl: doctortest:<mode>` gives."""
+
+    __test__ = False
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def eswitch_mode(self, pf_netdev: str, pf_address: str) -> str | None:
+        return None if self.mode == "unknown" else self.mode
+
+    def read(self, *a: Any) -> Any:
+        raise NotImplementedError
+
+    set_mac = set_vlan = set_spoofchk = set_trust = set_link_state = set_rate = read
+
+
+vfcontrol.register("doctortest", TestVfControl)
+
+
+class HttpFake(http.server.ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, handler: Any) -> None:
+        super().__init__(("127.0.0.1", 0), handler)
+        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}"
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def etcd_handler() -> Any:
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a: Any) -> None:
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers.get("Content-Length", 0)))
+            body = json.dumps({"version": "3.4.23"} if self.path == "/v3/maintenance/status" else {}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    return Handler
+
+
+@dataclass
+class FakeApi:
+    """CRDs it has, and (user, verb, resource) it allows; `impersonation` False: 403 to any
+    request asking as someone else."""
+
+    crds: set[str] = field(default_factory=lambda: {doctor.NAD_CRD, doctor.TENANTNET_CRD})
+    allowed: set[tuple[str, str, str]] = field(default_factory=set)
+    impersonation: bool = True
+    seen: list[dict[str, Any]] = field(default_factory=list)
+
+    def handler(self) -> Any:
+        api = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a: Any) -> None:
+                pass
+
+            def reply(self, code: int, body: dict[str, Any]) -> None:
+                data = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self) -> None:  # noqa: N802
+                path = self.path.split("?")[0]  # kubectl adds ?timeout=
+                name = path.rsplit("/", 1)[-1]
+                api.seen.append({"method": "GET", "path": path})
+                if path.startswith("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/") and \
+                        name in api.crds:
+                    self.reply(200, {"kind": "CustomResourceDefinition", "metadata": {"name": name},
+                                     "spec": {"versions": [{"name": "v1", "served": True}]},
+                                     "status": {"conditions": [{"type": "Established", "status": "True"}]}})
+                else:
+                    self.reply(404, {"kind": "Status", "reason": "NotFound", "code": 404,
+                                     "message": f'customresourcedefinitions "{name}" not found'})
+
+            def body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding") != "chunked":  # kubectl streams its -f -
+                    return self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                data = b""
+                while size := int(self.rfile.readline().split(b";")[0], 16):
+                    data += self.rfile.read(size)
+                    self.rfile.readline()
+                self.rfile.readline()
+                return data
+
+            def do_POST(self) -> None:  # noqa: N802
+                review = json.loads(self.body())
+                user = self.headers.get("Impersonate-User", "admin")
+                api.seen.append({"method": "POST", "path": self.path, "user": user,
+                                 "groups": self.headers.get_all("Impersonate-Group") or []})
+                if user != "admin" and not api.impersonation:
+                    self.reply(403, {"kind": "Status", "reason": "Forbidden", "code": 403,
+                                     "message": f'users "{user}" is forbidden: User "admin" cannot impersonate '
+                                                'resource "users" in API group "" at the cluster scope'})
+                    return
+                attrs = review["spec"]["resourceAttributes"]
+                resource = f"{attrs['resource']}.{attrs['group']}" if attrs["group"] else attrs["resource"]
+                allowed = (user, attrs["verb"], resource) in api.allowed
+                self.reply(201, {**review, "status": {"allowed": allowed}})
+
+        return Handler
+
+
+AGENT_SA = "system:serviceaccount:kube-system:tenantnet"
+ALL_ALLOWED = {(AGENT_SA, v, r) for v in ("list", "watch") for r in ("tenantnetworks.tenantnet.io", "namespaces")} \
+    | {(AGENT_SA, "create", "network-attachment-definitions.k8s.cni.cncf.io")}
+
+
+def kubeconfig(path: Path, server: str) -> Path:
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "lab",
+        "clusters": [{"name": "lab", "cluster": {"server": server}}],
+        "users": [{"name": "admin", "user": {"token": "t0ken"}}],
+        "contexts": [{"name": "lab", "context": {"cluster": "lab", "user": "admin"}}]}))
+    return path
+
+
+def script(path: Path, body: str) -> Path:
+    path.write_text("#!/bin/sh\n" + textwrap.dedent(body))
+    path.chmod(0o755)
+    return path
+
+
+VERSION_JSON = '{"cniVersion":"1.1.0","supportedVersions":["0.3.0","0.3.1","0.4.0","1.0.0","1.1.0"]}'
+
+
+# ---- the healthy node --------------------------------------------------------------------------
+
+@dataclass
+class Node:
+    root: Path
+    opts: Options
+    config: dict[str, Any]
+    ovsdb: FakeOvsdb
+    agent: FakeAgent
+    api: FakeApi
+    servers: list[Any]
+
+    def write_config(self, **changes: Any) -> None:
+        """The node config with `changes` (None removes a key)."""
+        merged = {**self.config, **changes}
+        text = yaml.safe_dump({k: v for k, v in merged.items() if v is not None}, sort_keys=False)
+        Path(self.opts.node_config or "").write_text(text)
+
+    def run(self, **opts: Any) -> dict[str, doctor.Check]:
+        checks = Doctor(replace(self.opts, **opts)).run()
+        names = [c.name for c in checks]
+        assert len(names) == len(set(names)), f"check names repeat: {names}"
+        return {c.name: c for c in checks}
+
+
+POLICY = {
+    "networks": {"rail-1": {"bridge": "br-t"}, "rail-2": {"pfs": ["lpf0"]},
+                 "rail-3": {"bridge": "br-off", "pfs": ["lpf0"]}},
+    "tenants": {"a": {"namespaces": ["a"], "networks": {"rail-1": {"vlans": [100]}}}},
+}
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[Node]:
+    # Unix socket paths must stay under 108 bytes: a short directory of its own.
+    short = Path(tempfile.mkdtemp(prefix="tnd-"))
+    conf_dir, bin_dir = tmp_path / "net.d", tmp_path / "bin"
+    conf_dir.mkdir()
+    bin_dir.mkdir()
+    (conf_dir / "00-multus.conf").write_text(json.dumps(
+        {"cniVersion": "1.0.0", "name": "multus-cni-network", "type": "multus",
+         "kubeconfig": str(conf_dir / "multus.d" / "multus.kubeconfig"), "delegates": []}))
+    (conf_dir / "multus.d").mkdir()
+    (conf_dir / "multus.d" / "multus.kubeconfig").write_text("{}")
+    (conf_dir / "10-bridge.conflist").write_text(json.dumps({"cniVersion": "1.0.0", "name": "cbr0",
+                                                             "plugins": [{"type": "bridge"}]}))
+    script(bin_dir / "multus", """\
+        echo "multus: version:v4.3.0(clean,released), commit:db307415, date:2026-05-29T15:05:10+00:00"
+        """)
+    for name in ("tenantnet", "tenantnet-ipam"):
+        script(bin_dir / name, f"""\
+            test "$CNI_COMMAND" = VERSION || exit 4
+            cat >/dev/null
+            echo '{VERSION_JSON}'
+            """)
+    nicsysfs.write_tree(tmp_path / "sys", [nicsysfs.connectx_pf("lpf0", vfs=2)])
+    (tmp_path / "devinfo" / "cni").mkdir(parents=True)
+    fake_db = FakeOvsdb({"br-t", "br-off"}, {"hw-offload": "true"})
+    agent = FakeAgent()
+    servers: list[Any] = [Server(str(short / "db.sock"), fake_db.serve), Server(str(short / "agent.sock"), agent.serve)]
+    labkubelet.write_pods(short / "pods.json", [])
+    servers.append(labkubelet.start(short / "kubelet.sock", short / "pods.json"))
+    etcd = HttpFake(etcd_handler())
+    api = FakeApi(allowed=set(ALL_ALLOWED))
+    kube = HttpFake(api.handler())
+    servers += [etcd, kube]
+    config = {
+        "ovsdb": f"unix:{short}/db.sock", "ovsdbTimeout": 2, "stateDir": str(tmp_path / "state"),
+        "logFile": str(tmp_path / "log" / "tenantnet.log"), "agentSocket": str(short / "agent.sock"),
+        "sysfsRoot": str(tmp_path / "sys"), "vfControl": "doctortest:switchdev",
+        "podResourcesSocket": str(short / "kubelet.sock"), "deviceInfoDir": str(tmp_path / "devinfo" / "cni"),
+        "etcdEndpoints": [etcd.url], "etcdTimeout": 2, "nodeName": "node-1",
+        "prewarmBridges": ["br-t"], "tenancy": POLICY,
+    }
+    opts = Options(node_config=str(tmp_path / "tenantnet.yaml"), kubeconfig=str(kubeconfig(tmp_path / "kc", kube.url)),
+                   cni_conf_dir=str(conf_dir), cni_bin_dir=str(bin_dir), timeout=2, kube_client="builtin",
+                   environ={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)})
+    n = Node(tmp_path, opts, config, fake_db, agent, api, servers)
+    n.write_config()
+    try:
+        yield n
+    finally:
+        for s in servers:
+            s.stop() if isinstance(s, labkubelet.SimulatedKubelet) else s.close()
+        shutil.rmtree(short, ignore_errors=True)
+
+
+HEALTHY = ["node config", "tenancy policy", "CNI conf dir", "CNI bin dir", "Multus config", "Multus kubeconfig",
+           "Multus version", "tenantnet", "tenantnet-ipam", "agent"]
+
+
+def test_a_healthy_node_passes_every_check(node: Node) -> None:
+    checks = node.run()
+    bad = {n: (c.status, c.detail) for n, c in checks.items() if c.status != Status.PASS}
+    assert bad == {}
+    assert list(checks)[:len(HEALTHY)] == HEALTHY
+    db = f"OVSDB unix:{Path(node.config['agentSocket']).parent}/db.sock"
+    etcd = f"etcd {node.config['etcdEndpoints'][0]}"
+    assert set(checks) - set(HEALTHY) == {db, "bridge br-t", "bridge br-off", "OVS hw-offload", "PF lpf0",
+                                          "eswitch lpf0", "pod-resources", etcd, "device-info dir", "NAD CRD",
+                                          "TenantNetwork CRD", "RBAC agent", "RBAC renderer"}
+    assert "thin" in checks["Multus config"].detail and "v4.3.0" in checks["Multus version"].detail
+    assert "0000:3b:00.0, 2 VFs" in checks["PF lpf0"].detail
+    assert "pid 4242 (root)" in checks["agent"].detail
+    assert node.agent.asked == [STATUS_OP]
+    # The RBAC questions were asked as the ServiceAccount, with its groups.
+    posts = [s for s in node.api.seen if s["method"] == "POST"]
+    assert posts and all(s["user"] == AGENT_SA for s in posts)
+    assert "system:serviceaccounts:kube-system" in posts[0]["groups"]
+    assert doctor.exit_code(list(checks.values())) == 0
+
+
+def fails(checks: dict[str, doctor.Check], name: str, *in_fix: str) -> doctor.Check:
+    """The check `name` FAILed, with a fix saying each of `in_fix`; and it is the only FAIL."""
+    check = checks[name]
+    assert check.status == Status.FAIL, (check.status, check.detail)
+    assert check.fix and all(word in check.fix for word in in_fix), check.fix
+    others = [n for n, c in checks.items() if c.status == Status.FAIL and n != name]
+    assert others == [], f"other checks failed too: {others}"
+    assert doctor.exit_code(list(checks.values())) == 1
+    return check
+
+
+# ---- node config --------------------------------------------------------------------------------
+
+def test_a_node_config_that_does_not_load_fails_and_the_checks_needing_it_skip(node: Node) -> None:
+    Path(node.opts.node_config or "").write_text("ovsdbTimeout: forever\n")
+    checks = node.run()
+    c = checks["node config"]
+    assert c.status == Status.FAIL and "ovsdbTimeout" in c.detail and node.opts.node_config in c.fix
+    for name in ("agent", "OVSDB", "SR-IOV", "pod-resources", "etcd", "device-info dir"):
+        assert checks[name].status == Status.SKIP and "node config did not load" in checks[name].detail
+
+
+def test_a_tenancy_policy_that_does_not_load_fails(node: Node) -> None:
+    node.write_config(tenancy={"networks": {"n": {}}, "tenants": {}})
+    checks = node.run()
+    c = checks["tenancy policy"]
+    assert c.status == Status.FAIL and "docs/tenancy.md" in c.fix
+    for name in ("SR-IOV", "tenancy bridges"):  # its networks are unknown: not checked as if there were none
+        assert checks[name].status == Status.SKIP and "tenancy policy did not load" in checks[name].detail
+
+
+# ---- CNI dirs and Multus ------------------------------------------------------------------------
+
+def test_missing_cni_dirs_fail_naming_the_flag(node: Node) -> None:
+    checks = node.run(cni_conf_dir=str(node.root / "nope"), cni_bin_dir=str(node.root / "nobin"))
+    assert checks["CNI conf dir"].status == Status.FAIL and "--cni-conf-dir" in checks["CNI conf dir"].fix
+    assert checks["CNI bin dir"].status == Status.FAIL and "--cni-bin-dir" in checks["CNI bin dir"].fix
+    assert checks["Multus config"].status == Status.SKIP
+    assert checks["tenantnet executables"].status == Status.SKIP
+
+
+def test_a_symlinked_cni_dir_fails(node: Node) -> None:
+    link = node.root / "link"
+    link.symlink_to(node.opts.cni_conf_dir)
+    c = fails(node.run(cni_conf_dir=str(link)), "CNI conf dir", "real directory")
+    assert "symlink" in c.detail
+
+
+def test_no_multus_config_fails_naming_what_the_runtime_uses(node: Node) -> None:
+    (Path(node.opts.cni_conf_dir) / "00-multus.conf").unlink()
+    c = fails(node.run(), "Multus config", "install Multus")
+    assert "10-bridge.conflist (type bridge)" in c.detail
+
+
+def test_multus_config_not_first_fails(node: Node) -> None:
+    (Path(node.opts.cni_conf_dir) / "00-calico.conflist").write_text(
+        json.dumps({"cniVersion": "1.0.0", "name": "k8s-pod-network", "plugins": [{"type": "calico"}]}))
+    c = fails(node.run(), "Multus config", "sort first")
+    assert "00-calico.conflist" in c.detail
+
+
+def test_thin_multus_kubeconfig_missing_fails(node: Node) -> None:
+    (Path(node.opts.cni_conf_dir) / "multus.d" / "multus.kubeconfig").unlink()
+    fails(node.run(), "Multus kubeconfig", "restart Multus")
+
+
+def test_thick_multus_passes_with_its_daemon_and_fails_without(node: Node) -> None:
+    conf = Path(node.opts.cni_conf_dir)
+    sock_dir = Path(node.config["agentSocket"]).parent / "multus"
+    sock_dir.mkdir()
+    (conf / "00-multus.conf").write_text(json.dumps({"cniVersion": "0.3.1", "name": "multus-cni-network",
+                                                     "type": "multus-shim", "daemonSocketDir": str(sock_dir)}))
+    script(Path(node.opts.cni_bin_dir) / "multus-shim", 'echo "multus-shim: version:v4.3.0(clean,released)"\n')
+    checks = node.run()
+    assert checks["Multus daemon"].status == Status.FAIL and "multus-daemon" in checks["Multus daemon"].fix
+    assert "thick" in checks["Multus config"].detail and "multus-shim" in checks["Multus version"].detail
+    daemon = Server(str(sock_dir / "multus.sock"), lambda conn: None)
+    try:
+        checks = node.run()
+    finally:
+        daemon.close()
+    assert checks["Multus daemon"].status == Status.PASS, checks["Multus daemon"].detail
+
+
+def test_multus_binary_missing_or_hanging_fails(node: Node) -> None:
+    binary = Path(node.opts.cni_bin_dir) / "multus"
+    binary.unlink()
+    fails(node.run(), "Multus version", "restart Multus")
+    script(binary, "exec sleep 30\n")
+    c = fails(node.run(timeout=0.5), "Multus version", "replace")
+    assert "did not answer within 0.5s" in c.detail
+
+
+# ---- tenantnet's executables --------------------------------------------------------------------
+
+def test_tenantnet_missing_not_executable_or_failing_fails_with_the_install_command(node: Node) -> None:
+    bin_dir = Path(node.opts.cni_bin_dir)
+    (bin_dir / "tenantnet").unlink()
+    c = fails(node.run(), "tenantnet", "tenantnetctl install --cni-bin-dir")
+    assert "missing" in c.detail
+    script(bin_dir / "tenantnet", "exit 1\n")
+    (bin_dir / "tenantnet").chmod(0o644)
+    assert "not executable" in fails(node.run(), "tenantnet", "install").detail
+    script(bin_dir / "tenantnet", 'echo \'{"code":5,"msg":"broken"}\'; exit 1\n')
+    assert "exit 1" in fails(node.run(), "tenantnet", "install").detail
+
+
+def test_the_real_plugin_answers_version(node: Node) -> None:
+    """The venv's own executables (the trampoline and its shim, when built) pass."""
+    bin_dir = Path(node.opts.cni_bin_dir)
+    for name in ("tenantnet", "tenantnet-ipam"):
+        (bin_dir / name).unlink()
+        for suffix in ("", "-shim"):
+            if (BIN / (name + suffix)).exists():
+                (bin_dir / (name + suffix)).symlink_to(BIN / (name + suffix))
+    checks = node.run(timeout=10)
+    assert checks["tenantnet"].status == Status.PASS, checks["tenantnet"].detail
+    assert checks["tenantnet-ipam"].status == Status.PASS, checks["tenantnet-ipam"].detail
+
+
+# ---- the agent ----------------------------------------------------------------------------------
+
+def test_no_agent_warns_a_wedged_one_fails(node: Node) -> None:
+    node.write_config(agentSocket=str(node.root / "none.sock"))
+    c = node.run()["agent"]
+    assert c.status == Status.WARN and "in-process" in c.detail and "agent run" in c.fix
+    node.write_config()
+    node.agent.report["oldestRunningS"] = 10_000
+    assert "wedged" in fails(node.run(), "agent", "restart").detail
+
+
+def test_a_socket_that_does_not_answer_fails(node: Node) -> None:
+    sock_dir = Path(node.config["agentSocket"]).parent
+    mute = Server(str(sock_dir / "mute.sock"), lambda conn: conn.recv(1 << 20) and __import__("time").sleep(5))
+    try:
+        node.write_config(agentSocket=mute.path)
+        c = fails(node.run(timeout=0.5), "agent", "restart the agent")
+    finally:
+        mute.close()
+    assert "did not answer" in c.detail
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="serving a socket as another uid needs root")
+def test_an_agent_socket_served_by_another_uid_fails_and_is_sent_nothing(node: Node) -> None:
+    path = str(Path(node.config["agentSocket"]).parent / "other.sock")
+    # Bound as root, listening as nobody: SO_PEERCRED reports the listener's uid at listen().
+    code = textwrap.dedent(f"""\
+        import os, socket, sys
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind({path!r})
+        os.setresgid(65534, 65534, 65534); os.setresuid(65534, 65534, 65534)
+        s.listen(4)
+        print("ready", flush=True)
+        conn, _ = s.accept()
+        conn.settimeout(3)
+        try:
+            got = conn.recv(100)
+        except OSError:
+            got = b""
+        print("got", len(got), flush=True)
+        """)
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        node.write_config(agentSocket=path)
+        c = fails(node.run(), "agent", "as root")
+        assert "uid 65534, not root" in c.detail
+        assert proc.stdout.readline().strip() == "got 0"  # nothing was sent to it
+    finally:
+        proc.kill()
+        proc.wait()
+        if os.path.exists(path):
+            os.unlink(path)
+
+
+# ---- OVS ----------------------------------------------------------------------------------------
+
+def test_a_declared_bridge_missing_fails_naming_it_and_who_declares_it(node: Node) -> None:
+    node.ovsdb.bridges.discard("br-t")
+    c = fails(node.run(), "bridge br-t", "add-br br-t")
+    assert "network rail-1, prewarmBridges" in c.detail and "--db=unix:" in c.fix
+
+
+def test_ovsdb_not_answering_fails_and_its_bridges_skip(node: Node) -> None:
+    node.write_config(ovsdb=f"unix:{node.root}/no-db.sock")
+    checks = node.run()
+    c = checks[f"OVSDB unix:{node.root}/no-db.sock"]
+    assert c.status == Status.FAIL and "start Open vSwitch" in c.fix
+    assert checks["bridge br-t"].status == Status.SKIP and checks["bridge br-off"].status == Status.SKIP
+
+
+def test_ovsdb_not_answering_only_warns_where_no_bridge_is_declared(node: Node) -> None:
+    node.write_config(ovsdb=f"unix:{node.root}/no-db.sock", tenancy=None, prewarmBridges=None)
+    checks = node.run()
+    assert checks[f"OVSDB unix:{node.root}/no-db.sock"].status == Status.WARN
+    assert checks["OVS bridges"].status == Status.SKIP
+
+
+def test_an_ovsdb_that_accepts_and_never_answers_fails_within_the_timeout(node: Node) -> None:
+    node.ovsdb.silent = True
+    checks = node.run(timeout=0.5)
+    name = next(n for n in checks if n.startswith("OVSDB"))
+    assert checks[name].status == Status.FAIL and "did not answer" in checks[name].detail
+
+
+def test_hw_offload_off_fails_where_a_network_is_ovs_offload(node: Node) -> None:
+    node.ovsdb.other_config.clear()
+    c = fails(node.run(), "OVS hw-offload", "other_config:hw-offload=true")
+    assert "rail-3" in c.detail
+
+
+# ---- SR-IOV -------------------------------------------------------------------------------------
+
+def test_a_declared_pf_absent_fails(node: Node) -> None:
+    node.write_config(tenancy={**POLICY, "networks": {**POLICY["networks"], "rail-2": {"pfs": ["lpf9"]}}})
+    c = fails(node.run(), "PF lpf9", "networks.rail-2.pfs")
+    assert "lpf9" in c.detail
+
+
+def test_a_pf_without_vfs_fails_with_sriov_numvfs(node: Node) -> None:
+    (node.root / "sys" / "bus" / "pci" / "devices" / "0000:3b:00.0" / "sriov_numvfs").write_text("0\n")
+    c = fails(node.run(), "PF lpf0", "sriov_numvfs")
+    assert "no VFs" in c.detail
+
+
+def test_eswitch_legacy_fails_unknown_warns(node: Node) -> None:
+    node.write_config(vfControl="doctortest:legacy")
+    c = fails(node.run(), "eswitch lpf0", "devlink dev eswitch set pci/0000:3b:00.0 mode switchdev")
+    assert "legacy" in c.detail
+    node.write_config(vfControl="doctortest:unknown")
+    assert node.run()["eswitch lpf0"].status == Status.WARN
+
+
+def test_no_declared_pf_skips_sriov_and_pod_resources(node: Node) -> None:
+    node.write_config(tenancy={"networks": {"rail-1": {"bridge": "br-t"}}, "tenants": POLICY["tenants"]},
+                      podResourcesSocket=None)
+    checks = node.run()
+    assert checks["SR-IOV PFs"].status == Status.SKIP
+    assert checks["pod-resources"].status == Status.SKIP and "no rail alignment" in checks["pod-resources"].detail
+
+
+# ---- pod-resources, etcd, device-info -----------------------------------------------------------
+
+def test_pod_resources_socket_absent_fails(node: Node) -> None:
+    node.write_config(podResourcesSocket=str(node.root / "kubelet.sock"))
+    fails(node.run(), "pod-resources", "podResourcesSocket")
+
+
+def test_etcd_one_endpoint_down_warns_all_down_fails(node: Node) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+    node.write_config(etcdEndpoints=[*node.config["etcdEndpoints"], dead], etcdTimeout=0.5)
+    checks = node.run()
+    assert checks[f"etcd {dead}"].status == Status.WARN and "etcdEndpoints" in checks[f"etcd {dead}"].fix
+    assert checks[f"etcd {node.config['etcdEndpoints'][0]}"].status == Status.PASS
+    node.write_config(etcdEndpoints=[dead], etcdTimeout=0.5)
+    fails(node.run(), f"etcd {dead}", "etcdEndpoints")
+
+
+def test_device_info_dir_missing_warns_symlink_or_file_fails(node: Node) -> None:
+    path = node.root / "devinfo" / "cni"
+    path.rmdir()
+    c = node.run()["device-info dir"]
+    assert c.status == Status.WARN and "creates it" in c.detail
+    path.symlink_to(node.root)
+    assert "symlink" in fails(node.run(), "device-info dir", "real directory").detail
+    path.unlink()
+    path.write_text("")
+    assert "not a directory" in fails(node.run(), "device-info dir", "deviceInfoDir").detail
+
+
+# ---- Kubernetes ---------------------------------------------------------------------------------
+
+KUBE = ("NAD CRD", "TenantNetwork CRD", "RBAC agent", "RBAC renderer")
+
+
+def test_without_a_kubeconfig_the_kubernetes_checks_skip_saying_why(node: Node) -> None:
+    checks = node.run(kubeconfig=None, kube_client="auto")
+    for name in KUBE:
+        assert checks[name].status == Status.SKIP and "no kubeconfig" in checks[name].detail
+
+
+def test_an_unreachable_api_server_skips(node: Node) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kc = kubeconfig(node.root / "dead-kc", f"http://127.0.0.1:{port}")
+    checks = node.run(kubeconfig=str(kc))
+    for name in KUBE:
+        assert checks[name].status == Status.SKIP and "cannot reach the API server" in checks[name].detail
+
+
+def test_a_kubeconfig_with_an_exec_plugin_skips_naming_kubectl(node: Node) -> None:
+    kc = node.root / "exec-kc"
+    data = yaml.safe_load(Path(node.opts.kubeconfig or "").read_text())
+    data["users"][0]["user"] = {"exec": {"command": "aws", "apiVersion": "client.authentication.k8s.io/v1"}}
+    kc.write_text(yaml.safe_dump(data))
+    c = node.run(kubeconfig=str(kc))["NAD CRD"]
+    assert c.status == Status.SKIP and "kubectl" in c.detail
+
+
+def test_crds_missing_fail_with_their_install(node: Node) -> None:
+    node.api.crds.discard(doctor.TENANTNET_CRD)
+    c = fails(node.run(), "TenantNetwork CRD", "packaging/crds/")
+    assert doctor.TENANTNET_CRD in c.detail
+    node.api.crds.discard(doctor.NAD_CRD)
+    checks = node.run()
+    assert checks["NAD CRD"].status == Status.FAIL and "NetworkAttachmentDefinition" in checks["NAD CRD"].fix
+
+
+def test_rbac_denied_fails_with_the_grant(node: Node) -> None:
+    node.api.allowed.discard((AGENT_SA, "watch", "namespaces"))
+    c = fails(node.run(), "RBAC agent", "kubectl create clusterrole", "--serviceaccount=kube-system:tenantnet")
+    assert "may not watch namespaces" in c.detail and "--verb=watch" in c.fix
+
+
+def test_rbac_of_another_service_account(node: Node) -> None:
+    c = fails(node.run(renderer_service_account="tn/renderer"), "RBAC renderer",
+              "--serviceaccount=tn:renderer")
+    assert "create network-attachment-definitions.k8s.cni.cncf.io" in c.detail
+
+
+def test_rbac_skips_when_the_admin_may_not_impersonate(node: Node) -> None:
+    node.api.impersonation = False
+    checks = node.run()
+    assert checks["RBAC agent"].status == Status.SKIP and "impersonate" in checks["RBAC agent"].detail
+    assert checks["NAD CRD"].status == Status.PASS
+
+
+@pytest.mark.skipif(not __import__("shutil").which("kubectl"), reason="kubectl is not on PATH")
+def test_through_kubectl(node: Node) -> None:
+    """The same API questions through kubectl (get --raw, create --raw with --as/--as-group)."""
+    node.api.allowed.discard((AGENT_SA, "list", "tenantnetworks.tenantnet.io"))
+    node.api.crds.discard(doctor.TENANTNET_CRD)
+    checks = node.run(kube_client="kubectl")
+    assert checks["NAD CRD"].status == Status.PASS, checks["NAD CRD"].detail
+    assert checks["TenantNetwork CRD"].status == Status.FAIL
+    assert checks["RBAC agent"].status == Status.FAIL, checks["RBAC agent"].detail
+    assert "may not list tenantnetworks.tenantnet.io" in checks["RBAC agent"].detail
+    assert checks["RBAC renderer"].status == Status.PASS
+    posts = [s for s in node.api.seen if s["method"] == "POST"]
+    assert posts and all(s["user"] == AGENT_SA and "system:serviceaccounts" in s["groups"] for s in posts)
+
+
+# ---- bounds, output, the command line -----------------------------------------------------------
+
+def test_a_family_that_hangs_fails_at_the_bound(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    release = threading.Event()
+    monkeypatch.setattr(Doctor, "family_bound", lambda self: 0.5)
+    monkeypatch.setattr(Doctor, "check_etcd", lambda self: [release.wait(30), []][1])
+    try:
+        checks = node.run()
+    finally:
+        release.set()
+    c = checks["etcd"]
+    assert c.status == Status.FAIL and "did not finish within 0.5s" in c.detail
+
+
+def test_a_check_that_raises_is_its_family_fail_not_a_traceback(node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(self: Doctor) -> list[doctor.Check]:
+        raise RuntimeError("kaput")
+
+    monkeypatch.setattr(Doctor, "check_sriov", boom)
+    c = node.run()["SR-IOV"]
+    assert c.status == Status.FAIL and "RuntimeError: kaput" in c.detail
+
+
+def test_table_shows_fix_lines_and_a_summary() -> None:
+    checks = [doctor.passed("a", "fine"), doctor.failed("bb", "broken", "mend it"),
+              doctor.skipped("c", "cannot tell"), doctor.warned("d", "meh", "tune it")]
+    text = doctor.render_table(checks).splitlines()
+    assert text[0].split() == ["PASS", "a", "fine"]
+    assert text[1].split()[:2] == ["FAIL", "bb"] and text[2].strip() == "fix: mend it"
+    assert text[3].split()[:2] == ["SKIP", "c"] and "fix" not in text[3]
+    assert text[5].strip() == "fix: tune it"
+    assert text[-1] == "1 passed, 1 failed, 1 warnings, 1 skipped"
+
+
+def ctl(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
+    o = node.opts
+    argv = [str(BIN / "tenantnetctl"), "--node-config", o.node_config or "", "doctor", "--cni-conf-dir",
+            o.cni_conf_dir, "--cni-bin-dir", o.cni_bin_dir, "--kubeconfig", o.kubeconfig or "",
+            "--kube-client", "builtin", *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, env=o.environ, check=False)
+
+
+def test_cli_exit_codes_and_json(node: Node) -> None:
+    # No ovs-offload network: the eswitch's test VF control exists in this process only.
+    node.write_config(tenancy={**POLICY, "networks": {k: v for k, v in POLICY["networks"].items() if k != "rail-3"}})
+    run = ctl(node, "--json")
+    assert run.returncode == 0, run.stdout + run.stderr
+    report = json.loads(run.stdout)
+    assert report["ok"] is True and {c["status"] for c in report["checks"]} == {"PASS"}
+    assert set(report["checks"][0]) == {"name", "status", "detail", "fix"}
+    node.ovsdb.bridges.discard("br-t")
+    run = ctl(node)
+    assert run.returncode == 1
+    line = next(ln for ln in run.stdout.splitlines() if ln.startswith("FAIL"))
+    assert "bridge br-t" in line
+    assert "fix: ovs-vsctl" in run.stdout and run.stderr == ""
+
+
+def test_cli_node_config_after_the_subcommand_and_usage_errors(node: Node) -> None:
+    o = node.opts
+    run = subprocess.run([str(BIN / "tenantnetctl"), "doctor", "--node-config", o.node_config or "",
+                          "--cni-conf-dir", o.cni_conf_dir, "--cni-bin-dir", o.cni_bin_dir, "--json"],
+                         capture_output=True, text=True, timeout=120, env=o.environ, check=False)
+    assert json.loads(run.stdout)["checks"][0]["detail"] == f"loaded {o.node_config}"
+    bad = ctl(node, "--agent-service-account", "tenantnet")
+    assert bad.returncode == 2 and bad.stdout == ""
+    assert bad.stderr.strip().count("\n") == 0 and "NAMESPACE/NAME" in bad.stderr
+    assert "Traceback" not in bad.stderr
