@@ -2,8 +2,10 @@
 
 The lab is a private Open vSwitch (userspace datapath) and, on request, a simulated SR-IOV
 NIC, on this machine, with a node config that points tenantnet at them
-(`tenantnet/lab/node.py`). tenantnetctl hands its `lab` subcommand to this module; nothing
-else outside the lab imports the lab (an import-linter contract, pyproject.toml).
+(`tenantnet/lab/node.py`); with `--kubernetes`, a real Kubernetes node over that OVS
+(`tenantnet/lab/kube.py`: test infrastructure, not a simulation). tenantnetctl hands its
+`lab` subcommand to this module; nothing else outside the lab imports the lab (an
+import-linter contract, pyproject.toml).
 """
 
 from __future__ import annotations
@@ -68,6 +70,10 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                            help="N simulated nodes (1-8), each its own OVS and node config, joined by a "
                                 "trunk top-of-rack switch, with a private etcd for cluster IPAM")
             p.add_argument("--no-etcd", action="store_true", help="with --nodes: no etcd")
+            p.add_argument("--kubernetes", action="store_true",
+                           help="a real Kubernetes node instead: etcd, API server, controller-manager, "
+                                "scheduler, containerd and a kubelet with Multus as its CNI, over the lab "
+                                "OVS (docs/kubernetes.md)")
             p.add_argument("--refuse", action="append", metavar="FIELD",
                            choices=["mac", "vlan", "spoofchk", "trust", "link_state", "rate"],
                            help="make the simulated NIC refuse this VF attribute (repeatable)")
@@ -119,7 +125,11 @@ def cmd_lab(args: argparse.Namespace) -> int:
     if args.lab_command == "up" and not 1 <= args.nodes <= 8:
         print("tenantnetctl lab up: --nodes must be 1-8", file=sys.stderr)
         return 2
+    from tenantnet.lab import kube  # only here: tenantnetctl reads this module for every command
+
     try:
+        if (args.kubernetes if args.lab_command == "up" else kube.is_kube(args.dir)):
+            return _cmd_kube(args)
         multi = args.nodes > 1 if args.lab_command == "up" else cluster.is_cluster(args.dir)
         if multi:
             return _cmd_cluster(args)
@@ -176,3 +186,24 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         for n in shown["nodes"]:
             print(f"  {n['name']}: bridge {n['bridge']}, node config {n['node_config']}")
     return 0 if shown["running"] else 3
+
+
+def _cmd_kube(args: argparse.Namespace) -> int:
+    """`lab up --kubernetes`, and status/down of such a lab (tenantnet/lab/kube.py)."""
+    from tenantnet.lab import kube
+
+    if args.lab_command == "down":
+        removed = kube.down(args.dir)
+        print(f"Kubernetes lab is down; removed: {', '.join(removed) or 'nothing'}")
+        return 0
+    info = kube.up(args.dir) if args.lab_command == "up" else kube.status(args.dir)
+    if getattr(args, "json", False):
+        print(json.dumps(kube.as_dict(info), indent=2))
+    elif info.running:
+        print(f"Kubernetes lab {info.root}: node {info.node_name} ({info.node_ip}), "
+              f"pids {', '.join(f'{k} {v}' for k, v in info.pids.items())}")
+        print(f"  export KUBECONFIG={info.kubeconfig}")
+        print(f"  kubectl: {info.kubectl}; tenantnet node config: {info.node_config}")
+    else:
+        print(f"Kubernetes lab {info.root}: not running")
+    return 0 if info.running else 3

