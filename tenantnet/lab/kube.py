@@ -613,6 +613,16 @@ def down(root: str) -> list[str]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
             removed.append(f"containerd shim {pid}")
+    owner = _link_alias(NODE_LINK)
+    if owner not in ("", str(p.root)):
+        # Another Kubernetes lab runs (this one is a stale leftover): what the two share by
+        # name — the cgroup, the pod bridge, the kubelet's fixed paths — is that lab's now.
+        removed += [f"(left to the running lab in {owner}: cgroup, links, fixed paths)"]
+        removed += [f"mount {m}" for m in kubehost.unmount_all_under(str(p.root))]
+        if p.ovs.exists():
+            removed += [f"ovs: {r}" for r in ovslab.down(str(p.ovs))]
+        shutil.rmtree(p.root, ignore_errors=True)
+        return removed
     left = kubehost.remove_cgroup(CGROUP_ROOT)
     if meta.get("cgroups") or any(Path(c).exists() for c in meta.get("cgroups", [])):
         removed.append(f"cgroup /{CGROUP_ROOT}")
@@ -622,8 +632,7 @@ def down(root: str) -> list[str]:
     if kubehost.restore_sysctls(meta.get("sysctlsBefore", {})):
         removed.append("kernel settings the kubelet changed (restored)")
     for link in (POD_BRIDGE, NODE_LINK):
-        ours = link != NODE_LINK or _link_alias(link) == str(p.root)
-        if os.path.exists(f"/sys/class/net/{link}") and ours:
+        if os.path.exists(f"/sys/class/net/{link}"):
             subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
             removed.append(f"link {link}")
     removed += kubehost.remove_fixed_paths(str(p.root), bool(meta.get("ownDeviceSocket")),
