@@ -75,6 +75,8 @@ class Plugin:
     # ---- ADD --------------------------------------------------------------------------
     def add(self, env: CniEnv, conf: NetConf) -> dict[str, Any]:
         tconf = tnconf.settle(conf, env, self.node, self.log)
+        if tconf.base.raw.get("tenantNetwork") is not None:
+            conf = tconf.base  # rendered from the TenantNetwork: its IPAM and record, not the NAD's text
         if tconf.device_info_file:  # this attachment's name only; its directory made, before any change
             devinfo.accepted(tconf.device_info_file, env.container_id, env.ifname, self.node.device_info_dir)
             devinfo.ensure_directory(self.node.device_info_dir)
@@ -363,6 +365,10 @@ class Plugin:
         # The same decision as ADD: resolves "vlan": "tenant", and fails an attachment the
         # current policy would no longer allow.
         tconf = tnconf.settle(conf, env, self.node, self.log)
+        if tconf.base.raw.get("tenantNetwork") is not None:
+            # As ADD: the TenantNetwork's config (IPAM's CHECK reads prevResult from it too).
+            conf = replace(tconf.base, raw={**tconf.base.raw, "prevResult": conf.raw["prevResult"]},
+                           prev_result=conf.prev_result)
         _require_pod_netns(env)
         with self._locked(env):
             self._check(env, conf, tconf)

@@ -116,6 +116,14 @@ class NodeConfig:
     # granted here: "ofport_request", "mac" (docs/security.md).
     prewarm_bridges: tuple[str, ...] = ()
     prewarm_grants: tuple[str, ...] = ()
+    # Kubernetes mode (docs/kubernetes.md): networks are the admin's TenantNetworks, which the
+    # agent watches (with `kubeconfig`, "" = in-cluster) into the state dir's cache; a NAD
+    # naming none is refused unless `legacyNads` (then the tenancy policy applies). A
+    # namespace's tenant comes from these label sources, in this order.
+    kubernetes: bool = False
+    kubeconfig: str = ""
+    legacy_nads: bool = False
+    tenant_sources: tuple[str, ...] = ("label",)
     source: str = "(defaults)"
 
     @property
@@ -199,6 +207,12 @@ _KEYS: dict[str, tuple[str, type, str]] = {
     "prewarmReconcileInterval": ("prewarm_reconcile_interval", float,
                                  "a number of seconds between 1 and 3600"),
     "prewarmBridges": ("prewarm_bridges", list, "a list of OVS bridge names pre-warm may run on"),
+    "kubernetes": ("kubernetes", bool, "true or false (networks are TenantNetworks, docs/kubernetes.md)"),
+    "kubeconfig": ("kubeconfig", str, "an absolute path of the agent's kubeconfig (default: in-cluster)"),
+    "legacyNads": ("legacy_nads", bool, "true or false (in Kubernetes mode: NADs naming no TenantNetwork "
+                                        "are allowed, under the tenancy policy)"),
+    "tenantSources": ("tenant_sources", list, "a list of distinct tenant sources, in order, from label, "
+                                              "capsule, hnc, name"),
     "prewarmGrants": ("prewarm_grants", list, 'a list of "ofport_request" and "mac": what a network '
                                               "config may set on a bridge that pre-warms"),
 }
@@ -213,7 +227,7 @@ _PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
 
 _PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir",
               "ipamDataDir", "podResourcesSocket", "nvidiaProcRoot",
-              "etcdCaFile", "etcdCertFile", "etcdKeyFile", "vswitchdLog", "metricsTokenFile")
+              "etcdCaFile", "etcdCertFile", "etcdKeyFile", "vswitchdLog", "metricsTokenFile", "kubeconfig")
 _ETCD_URL = r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?"
 _NODE_NAME = r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?"
 _BRIDGE = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"  # as a network config's `bridge` (tnconf)
@@ -393,6 +407,13 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             if pools is None:
                 raise _bad(path, key, value, allowed)
             value = pools
+        elif key == "tenantSources":
+            from tenantnet.plugin.tenants import parse_sources
+
+            sources = parse_sources(value)
+            if sources is None:
+                raise _bad(path, key, value, allowed)
+            value = sources
         elif key == "etcdPrefix":
             prefix = cast(str, value)
             if not (prefix.startswith("/") and prefix.endswith("/")) or not prefix.isprintable():

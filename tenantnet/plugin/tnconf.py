@@ -449,6 +449,15 @@ def settle(conf: NetConf, env: CniEnv, node: NodeConfig, log: Any) -> TenantnetC
     (settings.bind_fabric), the NAD parsed, and the tenancy policy's decision applied."""
     from dataclasses import replace
 
+    if node.kubernetes or "tenantNetwork" in conf.raw:  # tnadmit.py is imported only then
+        from tenantnet.plugin import tnadmit
+
+        admitted = tnadmit.admit(conf, env, node, log)
+        if admitted is not None:  # the TenantNetwork's settings; no tenancy policy applies
+            tconf = parse(admitted.conf, env, node)
+            if tconf.vf is not None:  # a VF Multus names must be on the network's PFs
+                tconf = replace(tconf, vf=replace(tconf.vf, allowed_pfs=admitted.pfs))
+            return tconf
     policy = None
     if node.tenancy is not None or node.tenancy_file:  # without a policy tenancy.py is not imported
         from tenantnet.plugin import tenancy
