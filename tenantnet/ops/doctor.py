@@ -132,6 +132,17 @@ def _directory(name: str, path: str, fix: str) -> Check:
     return passed(name, f"{path} is a directory")
 
 
+def _not_a_regular_file(path: str) -> str | None:
+    """Why `path` (followed if a symlink) is neither absent nor a regular file, or None."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot read {path}: {exc.strerror or exc}"
+    return None if stat.S_ISREG(st.st_mode) else f"{path} is not a regular file"
+
+
 def _socket_answers(path: str, timeout: float) -> str | None:
     """None when a unix socket at `path` accepts a connection within `timeout`, else why not."""
     st = _lstat(path)
@@ -174,18 +185,28 @@ class Doctor:
 
     # -- the node config: first, alone; everything else reads it ---------------------------
     def load_node(self) -> list[Check]:
-        from cni.errors import CniError
+        from cni.errors import CniError, Code
         from tenantnet.plugin import nodeconfig, nodepath, tenancy
 
         path = nodepath.node_config_path(self.opts.node_config, self.opts.environ)
+        fix = f"correct {path} (keys: README, \"Node configuration\")"
+        # The loader opens it plainly: a FIFO there would block it, so only a regular file
+        # (or none) gets that far.
+        problem = _not_a_regular_file(path)
+        if problem:
+            self.node_problem = f"the node config did not load ({problem})"
+            return [failed("node config", problem, fix)]
         try:
             self.node = nodeconfig.load(path, environ=self.opts.environ)
         except CniError as exc:
             self.node_problem = f"the node config did not load ({exc.msg})"
-            return [failed("node config", exc.msg, f"correct {path} (keys: README, \"Node configuration\")")]
+            return [failed("node config", exc.msg, fix)]
         source = self.node.source if os.path.exists(path) else f"{path} absent: the defaults"
         checks = [passed("node config", f"loaded {source}")]
+        problem = _not_a_regular_file(self.node.tenancy_file) if self.node.tenancy_file else None
         try:
+            if problem:
+                raise CniError(Code.IO_FAILURE, f"tenancyFile {problem}")
             self.policy = tenancy.load(self.node)
         except CniError as exc:
             self.policy_problem = f"the tenancy policy did not load ({exc.msg})"
@@ -559,8 +580,8 @@ class Doctor:
         fix = ("enable the kubelet's pod-resources API (on by default) or set the node config's "
                "podResourcesSocket to its socket")
         try:
-            client = podresources.PodResourcesClient(path, timeout=self.opts.timeout)
-            pods = client.list_pods()
+            with podresources.PodResourcesClient(path, timeout=self.opts.timeout) as client:
+                pods = client.list_pods()
         except (podresources.PodResourcesError, podresources.WireFormatError, ValueError) as exc:
             return [failed("pod-resources", f"{path}: {exc} (railAlignment needs it)", fix)]
         return [passed("pod-resources", f"{path} answers List ({len(pods)} pods)")]
@@ -770,7 +791,7 @@ def exit_code(checks: list[Check]) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    if args.timeout <= 0 or args.timeout > 120:
+    if not 0 < args.timeout <= 120:  # NaN too
         print("tenantnetctl doctor: --timeout must be between 0 and 120 seconds", file=sys.stderr)
         return 2
     for role in ("agent", "renderer"):

@@ -405,6 +405,16 @@ def test_a_node_config_that_does_not_load_fails_and_the_checks_needing_it_skip(n
         assert checks[name].status == Status.SKIP and "node config did not load" in checks[name].detail
 
 
+def test_a_node_config_or_tenancy_file_that_is_a_fifo_fails_without_blocking(node: Node) -> None:
+    fifo = node.root / "fifo.yaml"
+    os.mkfifo(fifo)
+    c = node.run(node_config=str(fifo))["node config"]
+    assert c.status == Status.FAIL and "not a regular file" in c.detail
+    node.write_config(tenancy=None, tenancyFile=str(fifo))
+    c = node.run()["tenancy policy"]
+    assert c.status == Status.FAIL and "not a regular file" in c.detail
+
+
 def test_a_tenancy_policy_that_does_not_load_fails(node: Node) -> None:
     node.write_config(tenancy={"networks": {"n": {}}, "tenants": {}})
     checks = node.run()
