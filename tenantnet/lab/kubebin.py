@@ -82,7 +82,8 @@ def available(repo: Path = REPO) -> str | None:
     env = os.environ.get(ENV)
     if env:
         missing = [b for b in BINARIES if not os.access(os.path.join(env, b), os.X_OK)]
-        return f"{ENV}={env} lacks {', '.join(missing)}" if missing else None
+        return f"the Kubernetes binaries are not here: {ENV}={env} lacks {', '.join(missing)}; " \
+            f"{HOW_TO_PROVIDE}" if missing else None
     if (build_dir(repo) / STAMP).exists() or (shared_dir(repo) / ARCHIVE).exists():
         return None
     return f"the Kubernetes binaries are not here: {HOW_TO_PROVIDE}"

@@ -139,6 +139,29 @@ def _pod_manifest(name: str) -> dict[str, Any]:
                 "command": ["sleep", "3600"]}]}}
 
 
+def test_failed_bring_up_says_why_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Runs first, without the module's lab: an API server that dies at start (a stand-in
+    script) makes `up` fail with its log's last lines, after removing all it had started."""
+    if os.geteuid() != 0 or not shutil.which("etcd"):
+        pytest.fail("needs root and etcd (bash scripts/install-deps.sh)", pytrace=False)
+    for name in kubebin.BINARIES:
+        (tmp_path / name).write_text(f"#!/bin/sh\necho '{name}: refusing to start (a test stand-in)' >&2\nexit 1\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv(kubebin.ENV, str(tmp_path))
+    root = f"/run/tnk-fail-{os.getpid()}"
+    before = _fixed_state()
+    try:
+        with pytest.raises(kube.KubeError) as failed:
+            kube.up(root)
+        assert "kube-apiserver: the process exited" in str(failed.value)
+        assert "refusing to start (a test stand-in)" in str(failed.value)  # its log's tail
+        assert not os.path.exists(root)
+        assert kubehost.processes_naming(root, "") == [], "etcd or another process of the lab is left"
+        assert _fixed_state() == before
+    finally:
+        kube.down(root)
+
+
 def test_node_is_ready_and_status_names_the_kubeconfig(klab: Lab) -> None:
     node = json.loads(klab.kubectl("get", "node", kube.NODE_NAME, "-o", "json"))
     ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
@@ -211,7 +234,13 @@ def test_pods_get_net1_from_tenantnet_and_reach_each_other(klab: Lab) -> None:
 
 
 def test_down_leaves_nothing_behind(klab: Lab) -> None:
+    """With a pod still running (its net1, volumes, sandbox): `lab down` deletes it through the
+    API, then removes the rest."""
+    kube.apply(klab.lab, json.dumps(_pod_manifest("tn-kube-left")))
+    klab.kubectl("wait", "--for=condition=Ready", "pod/tn-kube-left", "--timeout=180s", timeout=200)
+    assert len(klab.tenantnet("ls")) == 1
     root = klab.lab.root
+    assert kubehost.mounts_under(root), "a running pod has mounts under the lab (volumes, netns)"
     pids = dict(klab.lab.pids)
     proc = _ctl("lab", "down", "--dir", root, timeout=300)
     assert proc.returncode == 0, proc.stderr

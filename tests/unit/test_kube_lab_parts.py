@@ -55,7 +55,9 @@ def test_env_dir_must_hold_every_binary(tmp_path: Path, monkeypatch: pytest.Monk
         (tmp_path / name).write_text("#!/bin/sh\n")
         (tmp_path / name).chmod(0o755)
     monkeypatch.setenv(kubebin.ENV, str(tmp_path))
-    assert kubebin.available(tmp_path) == f"{kubebin.ENV}={tmp_path} lacks {kubebin.BINARIES[-1]}"
+    why = kubebin.available(tmp_path)
+    assert why is not None and why.startswith(
+        f"the Kubernetes binaries are not here: {kubebin.ENV}={tmp_path} lacks {kubebin.BINARIES[-1]}; set ")
     (tmp_path / kubebin.BINARIES[-1]).write_text("#!/bin/sh\n")
     (tmp_path / kubebin.BINARIES[-1]).chmod(0o755)
     bins = kubebin.locate(tmp_path / "elsewhere")
