@@ -23,7 +23,8 @@ same for operators):
   `other_config:hw-offload` is true where a network is declared ovs-offload;
 - every PF the tenancy policy declares is in sysfs with VFs (`sriov_numvfs` > 0), its eswitch
   in switchdev mode where the network is ovs-offload;
-- the kubelet's pod-resources socket answers where rails may be aligned;
+- the kubelet's pod-resources socket answers where rails may be aligned, and a device
+  plugin has registered (where PFs are declared: Multus takes VFs' deviceIDs from it);
 - every etcd endpoint answers when `etcdEndpoints` are set;
 - the device-info directory is a directory (not a symlink);
 - with a kubeconfig: the NetworkAttachmentDefinition CRD and tenantnet's TenantNetwork CRD are
@@ -224,7 +225,8 @@ class Doctor:
         return [("CNI dirs", self.check_cni_dirs), ("Multus", self.check_multus),
                 ("tenantnet executables", self.check_executables), ("agent", self.check_agent),
                 ("OVS", self.check_ovs), ("SR-IOV", self.check_sriov),
-                ("pod-resources", self.check_pod_resources), ("etcd", self.check_etcd),
+                ("pod-resources", self.check_pod_resources), ("device plugin", self.check_device_plugin),
+                ("etcd", self.check_etcd),
                 ("device-info dir", self.check_device_info_dir), ("Kubernetes API", self.check_kubernetes)]
 
     def run(self) -> list[Check]:
@@ -585,6 +587,42 @@ class Doctor:
         except (podresources.PodResourcesError, podresources.WireFormatError, ValueError) as exc:
             return [failed("pod-resources", f"{path}: {exc} (railAlignment needs it)", fix)]
         return [passed("pod-resources", f"{path} answers List ({len(pods)} pods)")]
+
+    # -- the device plugin --------------------------------------------------------------
+    def check_device_plugin(self) -> list[Check]:
+        """Whether anything hands out VFs through the kubelet: a device plugin registered in the
+        kubelet's device-plugins directory (its socket, and its resources in the kubelet's
+        checkpoint). Multus takes a VF's `deviceID` from there for NADs with a resourceName."""
+        if self.node is None or self.policy_problem:
+            return [skipped("device plugin", self.node_problem or self.policy_problem)]
+        if not any(d.pfs for d in (self.policy.networks.values() if self.policy else ())):
+            return [skipped("device plugin", "the tenancy policy declares no PF: no VF to hand out")]
+        # The kubelet's root dir, as the pod-resources socket's path gives it (<root>/pod-resources/…).
+        kubelet_root = os.path.dirname(os.path.dirname(self.node.pod_resources_socket))
+        directory = os.path.join(kubelet_root, "device-plugins")
+        try:
+            names = sorted(os.listdir(directory))[:MAX_CONF_FILES]
+        except OSError:
+            names = []
+        sockets = [n for n in names if n != "kubelet.sock" and (st := _lstat(os.path.join(directory, n)))
+                   and stat.S_ISSOCK(st.st_mode)]
+        resources: list[str] = []
+        try:
+            checkpoint = json.loads(read_bounded(os.path.join(directory, "kubelet_internal_checkpoint"),
+                                                 8 << 20))
+            registered = (checkpoint.get("Data") or {}).get("RegisteredDevices") or {}
+            resources = sorted(str(r) for r in registered) if isinstance(registered, dict) else []
+        except (OSError, ValueError, AttributeError):
+            pass
+        if resources or sockets:
+            said = [f"resources {', '.join(resources)}"] if resources else []
+            said += [f"sockets {', '.join(sockets)}"] if sockets else []
+            return [passed("device plugin", f"registered with the kubelet ({directory}): {'; '.join(said)}")]
+        return [warned("device plugin", f"no device plugin has registered with the kubelet ({directory}: no "
+                                        "plugin socket, no registered resource): a NAD with a resourceName "
+                                        "gets no VF",
+                       "deploy the SR-IOV network device plugin with a resource for the declared PFs "
+                       "(docs/install.md), or hand VFs out through DRA")]
 
     # -- etcd -----------------------------------------------------------------------------
     def check_etcd(self) -> list[Check]:

@@ -332,7 +332,12 @@ def node(tmp_path: Path) -> Iterator[Node]:
     agent = FakeAgent()
     servers: list[Any] = [Server(str(short / "db.sock"), fake_db.serve), Server(str(short / "agent.sock"), agent.serve)]
     labkubelet.write_pods(short / "pods.json", [])
-    servers.append(labkubelet.start(short / "kubelet.sock", short / "pods.json"))
+    (short / "pod-resources").mkdir()
+    servers.append(labkubelet.start(short / "pod-resources" / "kubelet.sock", short / "pods.json"))
+    (short / "device-plugins").mkdir()  # the kubelet's root is `short`: its checkpoint names a resource
+    (short / "device-plugins" / "kubelet_internal_checkpoint").write_text(json.dumps(
+        {"Data": {"PodDeviceEntries": None, "RegisteredDevices": {"example.com/rail": ["0000:3b:00.2"]}},
+         "Checksum": 1}))
     etcd = HttpFake(etcd_handler())
     api = FakeApi(allowed=set(ALL_ALLOWED))
     kube = HttpFake(api.handler())
@@ -341,7 +346,7 @@ def node(tmp_path: Path) -> Iterator[Node]:
         "ovsdb": f"unix:{short}/db.sock", "ovsdbTimeout": 2, "stateDir": str(tmp_path / "state"),
         "logFile": str(tmp_path / "log" / "tenantnet.log"), "agentSocket": str(short / "agent.sock"),
         "sysfsRoot": str(tmp_path / "sys"), "vfControl": "doctortest:switchdev",
-        "podResourcesSocket": str(short / "kubelet.sock"), "deviceInfoDir": str(tmp_path / "devinfo" / "cni"),
+        "podResourcesSocket": str(short / "pod-resources" / "kubelet.sock"), "deviceInfoDir": str(tmp_path / "devinfo" / "cni"),
         "etcdEndpoints": [etcd.url], "etcdTimeout": 2, "nodeName": "node-1",
         "prewarmBridges": ["br-t"], "tenancy": POLICY,
     }
@@ -370,7 +375,7 @@ def test_a_healthy_node_passes_every_check(node: Node) -> None:
     db = f"OVSDB unix:{Path(node.config['agentSocket']).parent}/db.sock"
     etcd = f"etcd {node.config['etcdEndpoints'][0]}"
     assert set(checks) - set(HEALTHY) == {db, "bridge br-t", "bridge br-off", "OVS hw-offload", "PF lpf0",
-                                          "eswitch lpf0", "pod-resources", etcd, "device-info dir", "NAD CRD",
+                                          "eswitch lpf0", "pod-resources", "device plugin", etcd, "device-info dir", "NAD CRD",
                                           "TenantNetwork CRD", "RBAC agent", "RBAC renderer"}
     assert "thin" in checks["Multus config"].detail and "v4.3.0" in checks["Multus version"].detail
     assert "0000:3b:00.0, 2 VFs" in checks["PF lpf0"].detail
@@ -630,7 +635,7 @@ def test_no_declared_pf_skips_sriov_and_pod_resources(node: Node) -> None:
     node.write_config(tenancy={"networks": {"rail-1": {"bridge": "br-t"}}, "tenants": POLICY["tenants"]},
                       podResourcesSocket=None)
     checks = node.run()
-    assert checks["SR-IOV PFs"].status == Status.SKIP
+    assert checks["SR-IOV PFs"].status == Status.SKIP and checks["device plugin"].status == Status.SKIP
     assert checks["pod-resources"].status == Status.SKIP and "no rail alignment" in checks["pod-resources"].detail
 
 
@@ -639,6 +644,19 @@ def test_no_declared_pf_skips_sriov_and_pod_resources(node: Node) -> None:
 def test_pod_resources_socket_absent_fails(node: Node) -> None:
     node.write_config(podResourcesSocket=str(node.root / "kubelet.sock"))
     fails(node.run(), "pod-resources", "podResourcesSocket")
+
+
+def test_no_device_plugin_warns_a_plugin_socket_alone_passes(node: Node) -> None:
+    directory = Path(node.config["agentSocket"]).parent / "device-plugins"
+    (directory / "kubelet_internal_checkpoint").unlink()
+    c = node.run()["device plugin"]
+    assert c.status == Status.WARN and "resourceName" in c.detail and "SR-IOV network device plugin" in c.fix
+    plugin = Server(str(directory / "sriovNet.sock"), lambda conn: None)
+    try:
+        c = node.run()["device plugin"]
+    finally:
+        plugin.close()
+    assert c.status == Status.PASS and "sriovNet.sock" in c.detail
 
 
 def test_etcd_one_endpoint_down_warns_all_down_fails(node: Node) -> None:
