@@ -38,6 +38,7 @@ import argparse
 import enum
 import json
 import os
+import re
 import socket
 import stat
 import sys
@@ -379,7 +380,9 @@ class Doctor:
             return failed("Multus version", f"{binary} --version failed (exit {code}): {text[:200]}",
                           f"replace {binary} with Multus 4.x's binary")
         kind = f" ({flavour})" if flavour else ""
-        return passed("Multus version", f"{binary}{kind}: {text.splitlines()[0][:200]}")
+        # "multus: version:v4.3.0(clean,released), commit:…, date:…": the version is what matters.
+        m = re.search(r"version:\s*([^\s,(]+(?:\([^)]*\))?)", text)
+        return passed("Multus version", f"{m[1] if m else text.splitlines()[0][:200]}, {binary}{kind}")
 
     # -- tenantnet's own executables ------------------------------------------------------
     def check_executables(self) -> list[Check]:
