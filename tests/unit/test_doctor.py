@@ -824,3 +824,61 @@ def test_cli_node_config_after_the_subcommand_and_usage_errors(node: Node) -> No
     assert bad.returncode == 2 and bad.stdout == ""
     assert bad.stderr.strip().count("\n") == 0 and "NAMESPACE/NAME" in bad.stderr
     assert "Traceback" not in bad.stderr
+
+
+# ---- the built-in client's reading of kubeconfigs --------------------------------------------
+
+def test_kubeconfig_data_fields_relative_files_and_a_lone_context(tmp_path: Path) -> None:
+    import base64
+
+    from tenantnet.ops import kubeclient
+
+    (tmp_path / "token").write_text("s3cret\n")
+    (tmp_path / "ca.pem").write_text("CA PEM")
+    kc = tmp_path / "kc"
+    kc.write_text(yaml.safe_dump({
+        "clusters": [{"name": "c", "cluster": {"server": "https://10.0.0.1:6443/", "certificate-authority": "ca.pem"}}],
+        "users": [{"name": "u", "user": {"tokenFile": "token",
+                                         "client-certificate-data": base64.b64encode(b"CERT").decode(),
+                                         "client-key-data": base64.b64encode(b"KEY").decode()}}],
+        "contexts": [{"name": "only", "context": {"cluster": "c", "user": "u"}}]}))
+    creds = kubeclient.credentials_from_kubeconfig(str(kc))
+    assert creds == kubeclient.Credentials("https://10.0.0.1:6443", ca_pem="CA PEM", cert_pem=b"CERT",
+                                           key_pem=b"KEY", token="s3cret")
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"current-context": "gone"}, "no context named 'gone'"),
+    ({"clusters": [{"name": "c", "cluster": {"server": "10.0.0.1"}}]}, "no https:// server"),
+    ({"users": [{"name": "u", "user": {"auth-provider": {"name": "oidc"}}}]}, "auth-provider plugin"),
+    ({"users": [{"name": "u", "user": {"client-certificate": "/nonexistent/cert"}}]}, "cannot read client-certificate"),
+])
+def test_kubeconfig_problems_are_named(tmp_path: Path, change: dict[str, Any], words: str) -> None:
+    from tenantnet.ops import kubeclient
+
+    base = {"current-context": "x", "clusters": [{"name": "c", "cluster": {"server": "https://h"}}],
+            "users": [{"name": "u", "user": {}}], "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}]}
+    kc = tmp_path / "kc"
+    kc.write_text(yaml.safe_dump({**base, **change}))
+    with pytest.raises(kubeclient.KubeUnavailable, match=words.replace("(", r"\(")):
+        kubeclient.credentials_from_kubeconfig(str(kc))
+
+
+def test_kubeconfig_that_is_a_fifo_is_refused_without_blocking(tmp_path: Path) -> None:
+    from tenantnet.ops import kubeclient
+
+    os.mkfifo(tmp_path / "kc")
+    with pytest.raises(kubeclient.KubeUnavailable, match="not a regular file"):
+        kubeclient.credentials_from_kubeconfig(str(tmp_path / "kc"))
+
+
+def test_kubeconfig_search_order(tmp_path: Path) -> None:
+    from tenantnet.ops import kubeclient
+
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text("{}")
+    (tmp_path / "env-kc").write_text("{}")
+    env = {"HOME": str(tmp_path), "KUBECONFIG": f"{tmp_path}/missing:{tmp_path}/env-kc"}
+    assert kubeclient.find_kubeconfig("/given", env) == ("/given", "--kubeconfig")
+    assert kubeclient.find_kubeconfig(None, env) == (f"{tmp_path}/env-kc", "$KUBECONFIG")
+    assert kubeclient.find_kubeconfig(None, {"HOME": str(tmp_path)}) == (f"{tmp_path}/.kube/config", "found")
