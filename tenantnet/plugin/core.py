@@ -79,7 +79,7 @@ class Plugin:
             conf = tconf.base  # rendered from the TenantNetwork: its IPAM and record, not the NAD's text
         if tconf.device_info_file:  # this attachment's name only; its directory made, before any change
             devinfo.accepted(tconf.device_info_file, env.container_id, env.ifname, self.node.device_info_dir)
-            devinfo.ensure_directory(self.node.device_info_dir)
+            devinfo.ensure_directory(os.path.dirname(tconf.device_info_file), self.node.device_info_dir)
         driver = modes.for_mode(tconf.mode, self.node)
         _require_pod_netns(env)
         with self._locked(env):

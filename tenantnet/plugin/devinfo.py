@@ -7,7 +7,8 @@ directory also holds Multus's and the device plugin's files under predictable na
 - **Which name.** Only the one Multus derives for this attachment is accepted:
   `<deviceInfoDir>/<NAD namespace>-<NAD name>-<containerID>_<ifname>` (Multus's
   `delegateRuntimeConfig` with the network-attachment-definition client's
-  `GetCNIDeviceInfoPath`; `deviceInfoDir` is Multus's `…/devinfo/cni`). The NAD's
+  `GetCNIDeviceInfoPath`; `deviceInfoDir` is Multus's `…/devinfo/cni` — or, when a node
+  config names the base `…/devinfo` as earlier releases did, its `cni/` folder). The NAD's
   namespace and name there are the NAD *object's*, from the pod's network selection — not
   the config's `name`, and not necessarily the pod's namespace — and the plugin is told
   neither, so they are checked for shape only (two Kubernetes names); the container id and
@@ -49,15 +50,22 @@ _NAD_PREFIX = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?-[a-z0-9]([a-z0-9.-
 _OPEN = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
+def folders(directory: str) -> tuple[str, str]:
+    """Where the files may be: `deviceInfoDir` itself (Multus's `…/devinfo/cni`), or its
+    `cni/` folder (a node config naming Multus's base directory `…/devinfo`)."""
+    base = directory.rstrip("/") or "/"
+    return base, os.path.join(base, "cni")
+
+
 def accepted(value: object, container_id: str, ifname: str, directory: str) -> str:
     """`value` if it is the device-info file Multus names for the attachment (container id,
     ifname) below `directory`; code 7 naming the field, the value and the form otherwise."""
-    folder = directory.rstrip("/") or "/"
+    folder = folders(directory)[0]
     suffix = f"-{container_id}_{ifname}"
     form = f"{folder}/<NAD namespace>-<NAD name>{suffix}"
     path = confined(FIELD, value, (directory,), f"the file Multus names for this attachment ({form})")
     name = os.path.basename(path)
-    if os.path.dirname(path) != folder or not name.endswith(suffix) \
+    if os.path.dirname(path) not in folders(directory) or not name.endswith(suffix) \
             or not _NAD_PREFIX.fullmatch(name[:-len(suffix)]):
         raise invalid_config(FIELD, value, f"must be the file Multus names for this attachment: {form} "
                                            "(another pod's or another plugin's file is never written)")
@@ -78,20 +86,23 @@ def identity(st: os.stat_result) -> str:
     return f"{st.st_dev}:{st.st_ino}:{st.st_mtime_ns}"
 
 
-def ensure_directory(directory: str) -> None:
-    """`directory` (deviceInfoDir), made if missing. Each missing level is made with mkdir
-    (0755 above `directory`, 0700 for it) and checked with lstat, as is `directory` itself,
-    so that no level we make, nor the directory we write in, is a symlink or anything but a
-    directory (code 5 naming it otherwise)."""
+def ensure_directory(folder: str, directory: str) -> None:
+    """The folder a file goes in (one of `folders(directory)`), made if missing. Each missing
+    level is made with mkdir (0755 above the folder, 0700 for it) and checked with lstat, as
+    are `directory` and the folder, so that no level we make, nor the directory we write
+    in, is a symlink or anything but a directory (code 5 naming it otherwise)."""
     missing: list[str] = []
-    current = os.path.dirname(directory)
+    current = os.path.dirname(folder)
     while not os.path.lexists(current):
         missing.append(current)
         parent = os.path.dirname(current)
         if parent == current:
             break
         current = parent
-    for level, mode in [*((d, 0o755) for d in reversed(missing)), (directory, 0o700)]:
+    levels = [*((d, 0o755) for d in reversed(missing))]
+    if folder != directory and directory not in missing:
+        levels.append((directory, 0o755))
+    for level, mode in [*levels, (folder, 0o700)]:
         try:
             os.mkdir(level, mode)
             os.chmod(level, mode)  # mkdir's mode goes through the umask
@@ -122,7 +133,7 @@ class Staged:
 def stage(path: str, pci: dict[str, str], directory: str) -> Staged:
     """Write the document for `pci` to the staging file of `path` (a leftover of a crashed
     attempt of this attachment is replaced); the caller records `identity` before `publish`."""
-    ensure_directory(directory)
+    ensure_directory(os.path.dirname(path), directory)
     doc: dict[str, Any] = {"type": "pci", "version": SPEC_VERSION, "pci": dict(pci)}
     data = json.dumps(doc, indent=2).encode()
     staging = staging_path(path)
@@ -182,12 +193,12 @@ def remove(path: str, recorded: str | None, directory: str) -> bool:
 
 
 def confined_problem(path: str, directory: str) -> bool:
-    """True unless `path` is a plain path directly in `directory`."""
+    """True unless `path` is a plain path directly in one of `folders(directory)`."""
     try:
         confined(FIELD, path, (directory,), "a file")
     except CniError:
         return True
-    return os.path.dirname(path) != (directory.rstrip("/") or "/")
+    return os.path.dirname(path) not in folders(directory)
 
 
 def _unlink_regular(path: str) -> None:

@@ -204,6 +204,31 @@ def test_a_missing_device_info_dir_is_created(nic_lab, vfp, netns_factory, tmp_p
     assert deleted.code == 0 and not path.exists()
 
 
+def test_a_node_config_naming_multus_base_directory_uses_its_cni_folder(nic_lab, vfp, netns_factory, tmp_path):
+    """deviceInfoDir …/devinfo (the default of earlier releases): Multus's names are in its
+    cni/ folder, made if missing; the device plugin's dp/ beside it stays out of reach."""
+    base = tmp_path / "devinfo"
+    node = write_node(tmp_path / "node.yaml", nic_lab, deviceInfoDir=str(base))
+    vf = vfs(nic_lab)[2]
+    ns = netns_factory()
+    cid = new_cid()
+    path = multus_name(base / "cni", cid)
+    conf = with_devinfo(nic_lab, vf, path)
+    refused = invoke(vfp, "ADD", with_devinfo(nic_lab, vf, base / "dp" / path.name), new_cid(), ns.path,
+                     TENANTNET_CONFIG=str(node))
+    assert_refused(refused, 7, "runtimeConfig.CNIDeviceInfoFile")
+    add = invoke(vfp, "ADD", conf, cid, ns.path, TENANTNET_CONFIG=str(node))
+    try:
+        assert add.code == 0, add.why()
+        assert stat.S_IMODE(os.lstat(base).st_mode) == 0o755 and stat.S_IMODE(os.lstat(base / "cni").st_mode) == 0o700
+        assert json.loads(path.read_text())["pci"]["pci-address"] == vf["address"]
+        assert not (base / "dp").exists()
+    finally:
+        deleted = invoke(vfp, "DEL", conf, cid, ns.path, TENANTNET_CONFIG=str(node))
+        vfp.cleanups.clear()
+    assert deleted.code == 0 and not path.exists()
+
+
 def test_a_symlink_in_place_of_the_device_info_folder_is_never_followed(nic_lab, vfp, netns_factory, tmp_path):
     (tmp_path / "devinfo").mkdir()
     directory = tmp_path / "devinfo" / "cni"

@@ -137,6 +137,14 @@ def test_device_info_file_is_the_attachments_own_and_only_removed_while_ours(tmp
             devinfo.accepted(value, "cid1", "net2", str(folder))
         assert err.value.code == 7 and "runtimeConfig.CNIDeviceInfoFile" in err.value.msg and why in err.value.msg
 
+    # a node config naming Multus's base directory (…/devinfo, earlier releases' default):
+    # its cni/ folder, never the device plugin's dp/ beside it
+    base = str(folder.parent)
+    assert devinfo.accepted(name, "cid1", "net2", base) == name
+    with pytest.raises(CniError) as err:
+        devinfo.accepted(str(folder.parent / "dp" / "ml-rail-vf-cid1_net2"), "cid1", "net2", base)
+    assert err.value.code == 7 and "<NAD namespace>-<NAD name>" in err.value.msg
+
     staged = devinfo.stage(name, {"pci-address": "0000:3b:00.2"}, str(folder))  # makes the folder
     assert stat_mode(folder) == 0o700 and stat_mode(folder.parent) == 0o755
     assert not os.path.exists(name) and devinfo.publish(staged)
