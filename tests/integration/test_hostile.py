@@ -993,6 +993,8 @@ def test_base_config_is_accepted(hx: Hostile, control: str, way: str, request: p
     v = ctx.values
     cid = new_cid()
     conf = fill(apply(base_conf(c, ctx, h), c.conf), v)
+    if "runtimeConfig.CNIDeviceInfoFile" in changes:  # the one name accepted: Multus's for this attachment
+        conf["runtimeConfig"]["CNIDeviceInfoFile"] = f"{v['DEVINFO']}/ns1-{conf['name']}-{cid}_net1"
     before = ctx.state(h.netns)
     h.cached.pop(c.lab, None)
     h.node_cached.pop(c.lab, None)
