@@ -129,9 +129,9 @@ def up(root: str, nodes: int, vfs: int = 0, etcd: bool = True) -> dict[str, Any]
             vsctl(node_root, "add-port", info.bridge, uplink)
             vsctl(meta["tor"], "add-port", TOR_BRIDGE, tor_port)
             with open(info.node_config, "a") as fh:
+                # (its ipamDataDir, <node root>/ipam, is the lab node's own: node.node_config_text)
                 fh.write(f"# node {i} of the cluster lab in {root} (a simulation)\n"
-                         f"nodeName: node{i}\n"
-                         f"ipamDataDir: {node_root}/ipam\n")
+                         f"nodeName: node{i}\n")
                 if meta["etcd"]:
                     # The admin's pools the lab's cluster networks take their ranges from.
                     fh.write(f"etcdEndpoints: [{meta['etcd']}]\netcdPrefix: {ETCD_PREFIX}\n"

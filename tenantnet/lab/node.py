@@ -129,41 +129,53 @@ def up(root: str = DEFAULT_ROOT, bridge: str = DEFAULT_BRIDGE, vfs: int = 0, dpd
         down(root)
         raise
     with open(p["node_config"], "w") as fh:
-        fh.write(
-            "# written by `tenantnetctl lab up`: points tenantnet at the lab's private OVS\n"
-            f"ovsdb: unix:{p['sock']}\n"
-            f"stateDir: {p['state']}\n"
-            f"logFile: {p['log']}\n"
-            "logLevel: info\n"
-            "# what a NAD may name on this lab node (docs/security.md)\n"
-            f"deviceInfoDir: {root}/devinfo\n"
-            f"ipamDataDirs: [{root}/ipam, {root}/host-local, {p['state']}/ipam, {p['state']}/host-local]\n"
-            f"resolvConfPaths: [{root}/resolv.d]\n"
-            f"ovsConfigurationPaths: [{root}/ovs.d]\n"
-            "# pre-warm may run on the lab's bridge; its tests and demo name MACs and port numbers\n"
-            "# there, which a production node grants no tenant where pre-warm runs (docs/security.md)\n"
-            f"prewarmBridges: [{bridge}]\n"
-            "prewarmGrants: [mac, ofport_request]\n"
-        )
-        if gpus:
-            from tenantnet.lab import gpuserver
-
-            fh.write(
-                "# the simulated 8-GPU / 8-NIC server (tenantnet/lab/gpuserver.py): its kubelet and GPUs\n"
-                f"podResourcesSocket: {gpuserver.socket_path(root)}\n"
-                f"nvidiaProcRoot: {root}/proc\n"
-            )
-        if vfs or gpus:
-            fh.write(
-                "# the simulated SR-IOV NIC (tenantnet/lab/nic.py): fake sysfs + lab VF control\n"
-                f"sysfsRoot: {root}/sys\n"
-                f"vfControl: lab:{root}\n"
-                "vfControlModules: [tenantnet.lab.nic]\n"
-                "# its RDMA devices: the lab's simulated RDMA control (tenantnet/lab/rdma.py)\n"
-                f"rdmaControl: lab-rdma:{root}\n"
-                "rdmaControlModules: [tenantnet.lab.rdma]\n"
-            )
+        fh.write(node_config_text(root, gpus=gpus, vfs=vfs, bridge=bridge))
     return status(root)
+
+
+def node_config_text(root: str, *, gpus: int = 0, vfs: int = 0, bridge: str = DEFAULT_BRIDGE) -> str:
+    """The lab node's config: every directory it names lies inside the lab (the lab never
+    writes to the host's own /var/lib, /etc), inside the lists that allow it, and the
+    device-info directory is the one the lab's Multus (`tenantnetctl pod up`) writes to."""
+    p = paths(root)
+    text = (
+        "# written by `tenantnetctl lab up`: points tenantnet at the lab's private OVS\n"
+        f"ovsdb: unix:{p['sock']}\n"
+        f"stateDir: {p['state']}\n"
+        f"logFile: {p['log']}\n"
+        "logLevel: info\n"
+        "# what a NAD may name on this lab node (docs/security.md); the lists are given in full,\n"
+        "# without the built-in host directories\n"
+        f"deviceInfoDir: {root}/devinfo/cni\n"
+        f"ipamDataDirs: [{root}/ipam, {root}/host-local, {p['state']}/ipam, {p['state']}/host-local]\n"
+        f"ipamDataDir: {root}/ipam\n"
+        f"resolvConfPaths: [{root}/resolv.d]\n"
+        f"ovsConfigurationPaths: [{root}/ovs.d]\n"
+        "replaceDefaults: [ipamDataDirs, resolvConfPaths, ovsConfigurationPaths]\n"
+        "# pre-warm may run on the lab's bridge; its tests and demo name MACs and port numbers\n"
+        "# there, which a production node grants no tenant where pre-warm runs (docs/security.md)\n"
+        f"prewarmBridges: [{bridge}]\n"
+        "prewarmGrants: [mac, ofport_request]\n"
+    )
+    if gpus:
+        from tenantnet.lab import gpuserver
+
+        text += (
+            "# the simulated 8-GPU / 8-NIC server (tenantnet/lab/gpuserver.py): its kubelet and GPUs\n"
+            f"podResourcesSocket: {gpuserver.socket_path(root)}\n"
+            f"nvidiaProcRoot: {root}/proc\n"
+        )
+    if vfs or gpus:
+        text += (
+            "# the simulated SR-IOV NIC (tenantnet/lab/nic.py): fake sysfs + lab VF control\n"
+            f"sysfsRoot: {root}/sys\n"
+            f"vfControl: lab:{root}\n"
+            "vfControlModules: [tenantnet.lab.nic]\n"
+            "# its RDMA devices: the lab's simulated RDMA control (tenantnet/lab/rdma.py)\n"
+            f"rdmaControl: lab-rdma:{root}\n"
+            "rdmaControlModules: [tenantnet.lab.rdma]\n"
+        )
+    return text
 
 
 def _stop(root: str, daemon: str) -> None:

@@ -155,6 +155,13 @@ class Delegate:
     devinfo_file: str | None
 
 
+def devinfo_dir(node: Any) -> str:
+    """Where this Multus puts the device-info files it names in `CNIDeviceInfoFile`: the node
+    config's `deviceInfoDir` itself (Multus's /var/run/k8s.cni.cncf.io/devinfo/cni in
+    production), so the plugin is never handed a path its node config refuses."""
+    return str(node.device_info_dir)
+
+
 def plan_delegates(pod: PodSpec, selections: list[Selection], nads: dict[tuple[str, str], Nad],
                    devices: dict[str, list[str]], container_id: str, pod_uid: str,
                    devinfo_dir: str) -> list[Delegate]:

@@ -26,8 +26,10 @@ DEFAULT_OVSDB = "unix:/var/run/openvswitch/db.sock"
 DEFAULT_STATE_DIR = "/var/lib/tenantnet"
 DEFAULT_LOG_FILE = "/var/log/tenantnet/tenantnet.log"
 DEFAULT_AGENT_SOCKET = nodepath.DEFAULT_AGENT_SOCKET
-# Where Multus puts device-info files (its CNIDeviceInfoFile paths are below it).
-DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo"
+# Where Multus puts the device-info files it names in CNIDeviceInfoFile (network-attachment-
+# definition-client's GetCNIDeviceInfoPath: <base>/cni/<network>-<container>_<ifname>); a
+# device plugin's own files are in <base>/dp, which tenantnet has no reason to write.
+DEFAULT_DEVICE_INFO_DIR = "/var/run/k8s.cni.cncf.io/devinfo/cni"
 # What a NAD may name (docs/security.md): each path must be one of these or below one.
 DEFAULT_OVS_CONFIGURATION_PATHS = ("/etc/kubernetes/cni/net.d/ovs.d",)
 DEFAULT_RESOLV_CONF_PATHS = DEFAULT_CONFINEMENT.resolv_conf_paths
@@ -180,6 +182,9 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                                           "(tenantnet-ipam's store when a network config names no dataDir)"),
     "ipamDataDirs": ("ipam_data_dirs", list,
                      "a list of absolute directories a NAD's ipam.dataDir may name or be below"),
+    "replaceDefaults": ("replace_defaults", list,
+                        "a list of ovsConfigurationPaths, resolvConfPaths, ipamDataDirs: the lists this "
+                        "config gives in full (without the built-in defaults; each must be given)"),
     "ovsdbEndpoints": ("ovsdb_endpoints", list,
                        "a list of OVSDB endpoints (unix:/path, tcp:host:port) a NAD's socket_file may name"),
     "nodeName": ("node_name", str, "this node's name in the cluster (a DNS name; the DaemonSet passes "
@@ -223,6 +228,12 @@ _VF_CONTROL = r"[a-z][a-z0-9-]*:\S+"
 _RESOURCE = r"[a-z0-9]([a-z0-9.-]*[a-z0-9])?/[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?"
 _MODULE = r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*"
 _PATH_LIST_KEYS = ("ovsConfigurationPaths", "resolvConfPaths", "ipamDataDirs")
+# What each allowed-paths list holds when the config does not give it; a config's list adds
+# to these (docs/security.md: "add the directory" must not take the defaults away, or every
+# NAD relying on one breaks), unless `replaceDefaults` names it.
+_PATH_LIST_DEFAULTS = {"ovsConfigurationPaths": DEFAULT_OVS_CONFIGURATION_PATHS,
+                       "resolvConfPaths": DEFAULT_RESOLV_CONF_PATHS,
+                       "ipamDataDirs": DEFAULT_IPAM_DATA_DIRS}
 
 
 _PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir",
@@ -332,6 +343,15 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             if any(plain_path_problem(v) for v in paths):
                 raise _bad(path, key, value, allowed)
             value = tuple(paths)
+        elif key == "replaceDefaults":
+            lists = cast("list[object]", value)
+            if not all(k in _PATH_LIST_KEYS for k in lists):
+                raise _bad(path, key, value, allowed)
+            missing = [k for k in lists if k not in data]
+            if missing:
+                raise _bad(path, key, value, f"names {missing[0]}, which this config does not give; "
+                                             f"give {missing[0]} in full, or leave it out here")
+            value = tuple(cast("list[str]", lists))
         elif key == "gpuResourceNames":
             names = cast("list[object]", value)
             if not names or not all(isinstance(n, str) and re.fullmatch(_RESOURCE, n) for n in names):
@@ -419,6 +439,11 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             if not (prefix.startswith("/") and prefix.endswith("/")) or not prefix.isprintable():
                 raise _bad(path, key, value, allowed)
         values[attr] = value
+    replaced = values.pop("replace_defaults", ())
+    for key, defaults in _PATH_LIST_DEFAULTS.items():
+        attr = _KEYS[key][0]
+        if attr in values and key not in replaced:
+            values[attr] = tuple(dict.fromkeys((*defaults, *values[attr])))
     config = replace(NodeConfig(), **values)
     # Checked only when given: without it an omitted dataDir is refused per call (settings).
     if "ipam_data_dir" in values and not within(config.ipam_data_dir, config.ipam_data_dirs):

@@ -72,8 +72,8 @@ def disk(tmp_path: Path) -> Iterator[Disk]:
 def _node_config(lab: Lab, disk: Disk, run: Path) -> Path:
     text = lab.node_config.read_text()
     lines = [line for line in text.splitlines()
-             if not line.startswith(("stateDir:", "ipamDataDirs:"))]
-    lines += [f"stateDir: {disk.mnt}/state", f"ipamDataDirs: [{disk.mnt}/ipam]",
+             if not line.startswith(("stateDir:", "ipamDataDirs:", "ipamDataDir:"))]
+    lines += [f"stateDir: {disk.mnt}/state", f"ipamDataDirs: [{disk.mnt}/ipam]", f"ipamDataDir: {disk.mnt}/ipam",
               f"agentSocket: {run}/sock/agent.sock"]
     path = run / "node.yaml"
     path.write_text("\n".join(lines) + "\n")

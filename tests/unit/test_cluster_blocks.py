@@ -104,7 +104,8 @@ def test_the_node_default_for_an_omitted_data_dir(tmp_path: Path) -> None:
 
     store = tmp_path / "stores" / "node-1"
     path = tmp_path / "n.yaml"
-    path.write_text(f"ipamDataDirs: [{tmp_path}/stores]\nipamDataDir: {store}\n")
+    path.write_text(f"ipamDataDirs: [{tmp_path}/stores]\nipamDataDir: {store}\nstateDir: {tmp_path}/state\n"
+                    "replaceDefaults: [ipamDataDirs]\n")
     node = nodeconfig.load(str(path))
     settings.ipam_paths({"type": "tenantnet-ipam"}, node)  # allowed: the node's default
     with pytest.raises(CniError):

@@ -89,4 +89,5 @@ def test_the_node_config_loader_does_not_import_pyyaml_for_a_flat_file(tmp_path)
              f"node = nodeconfig.load({str(p)!r})\nprint(node.ovsdb_timeout, 'yaml' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["2.5", "False"]
-    assert nodeconfig.load(str(p)).ipam_data_dirs == (f"{tmp_path}/ipam", f"{tmp_path}/host-local")
+    assert nodeconfig.load(str(p)).ipam_data_dirs == (*nodeconfig.DEFAULT_IPAM_DATA_DIRS, f"{tmp_path}/ipam",
+                                                      f"{tmp_path}/host-local")
