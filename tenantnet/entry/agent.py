@@ -162,6 +162,7 @@ class Agent:
         self.log: Any = None
         self._heartbeat: Any = None
         self._keeper: Any = None
+        self._kube_watch: Any = None
         self._last_call = float("-inf")  # when the last CNI call ended (busy())
         self._collectors = tuple(collectors)
         self.metrics: Any = None  # entry/metrics.AgentMetrics while /metrics is served
@@ -210,6 +211,11 @@ class Agent:
         self._heartbeat.start()
         self._keeper = PrewarmKeeper(node, self.log, node.prewarm_reconcile_interval)
         self._keeper.start()
+        if node.kubernetes:  # the TenantNetwork cache every ADD reads (docs/kubernetes.md)
+            from tenantnet.kube.watch import NodeWatch  # lightkube: imported by the agent only
+
+            self._kube_watch = NodeWatch(node, self.log)
+            self._kube_watch.start()
         if node.metrics_port:
             self._serve_metrics(node)
         self.log.info("agent.started", pid=os.getpid(), socket=self.socket_path,
@@ -301,6 +307,8 @@ class Agent:
             self._heartbeat.stop()  # deregistered: the node is no longer serving
         if self._keeper is not None:
             self._keeper.stop()
+        if self._kube_watch is not None:
+            self._kube_watch.stop()  # the cache stays: the next agent starts from it
         if self.metrics is not None:
             self.metrics.stop()
         # No OVSDB close: exiting closes the connection just as well.

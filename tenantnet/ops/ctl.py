@@ -405,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     p_ls.set_defaults(func=cmd_ls)
 
     from tenantnet.entry import agentctl as agent_cli
-    from tenantnet.ops import doctor, install, railsctl
+    from tenantnet.ops import doctor, install, railsctl, rendererctl
     from tenantnet.ops import ipamctl as ipam_cli
     from tenantnet.ops.flowreport import cli as offload_cli
 
@@ -414,6 +414,7 @@ def build_parser() -> argparse.ArgumentParser:
     install.register(sub)
     offload_cli.register(sub, node_config_path)
     railsctl.register(sub, node_config_path)
+    rendererctl.register(sub, node_config_path)
     agent_cli.register(sub, collectors=(_offload_collector,))
     doctor.register(sub)
     return parser

@@ -1,0 +1,216 @@
+"""Issue 27 on the lab's real Kubernetes node: TenantNetworks rendered and enforced.
+
+The CRD (packaging/crds/tenantnetwork.yaml) applied to the real API server; the renderer
+(`tenantnetctl renderer run`) and the agent with its watcher (`tenantnetctl agent run`, node
+config `kubernetes: true`) run as processes of the test against it. Tenants by label, by
+Capsule's label and through HNC's depth labels; NADs rendered into exactly the selected
+namespaces, re-rendered when a label changes, a tenant's edit undone and counted, a
+conflicting network reported in its status, a deleted network's NADs removed, a schema
+violation refused by the API server itself; a pod scheduled for real gets its TenantNetwork's
+VLAN through kubelet → containerd → Multus → tenantnet, and a hand-written NAD is refused.
+Fails (never skips) without the Kubernetes binaries, as tests/e2e/test_kube_lab.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tenantnet.lab import kube, kubeimages
+from tenantnet.plugin import kubecache
+from tests.e2e.test_kube_lab import Lab, klab  # noqa: F401  (the module's own lab)
+from tests.polling import poll
+
+CTL = str(Path(sys.executable).parent / "tenantnetctl")
+CRD = Path(__file__).resolve().parents[2] / "packaging" / "crds" / "tenantnetwork.yaml"
+NAMESPACES = {
+    "team-a": {"tenantnet.io/tenant": "team-a"},
+    "team-b": {"capsule.clastix.io/tenant": "team-b"},
+    "acme-ml": {"acme.tree.hnc.x-k8s.io/depth": "1", "acme-ml.tree.hnc.x-k8s.io/depth": "0"},
+    "stray": {},
+}
+
+
+def tenant_network(name: str, tenants: list[str], vlan: Any, subnet: str, bridge: str) -> dict[str, Any]:
+    return {"apiVersion": "tenantnet.io/v1alpha1", "kind": "TenantNetwork", "metadata": {"name": name},
+            "spec": {"tenants": tenants, "fabric": {"mode": "ovs", "bridge": bridge}, "vlan": vlan,
+                     "ipam": {"ranges": [[{"subnet": subnet}]]}}}
+
+
+class Cluster:
+    def __init__(self, lab: Lab) -> None:
+        self.lab = lab
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def kubectl(self, *args: str, **kw: Any) -> str:
+        return kube.kubectl(self.lab.lab, *args, **kw)
+
+    def get(self, *args: str) -> Any:
+        try:
+            return json.loads(self.kubectl("get", *args, "-o", "json"))
+        except kube.KubeError:
+            return None
+
+    def nads(self) -> dict[tuple[str, str], dict[str, Any]]:
+        got = self.get("network-attachment-definitions", "-A", "-l", "tenantnet.io/tenant-network")
+        return {(o["metadata"]["namespace"], o["metadata"]["name"]): o for o in (got or {"items": []})["items"]}
+
+    def status(self, name: str) -> dict[str, Any]:
+        return (self.get("tenantnetwork", name) or {}).get("status") or {}
+
+    def start(self, *args: str, log: str) -> subprocess.Popen[str]:
+        fh = open(Path(self.lab.lab.root) / log, "w")  # noqa: SIM115 (closed with the process)
+        proc = subprocess.Popen([CTL, *args], stdout=fh, stderr=subprocess.STDOUT, text=True)
+        self.procs.append(proc)
+        return proc
+
+
+@pytest.fixture(scope="module")
+def cluster(klab: Lab) -> Iterator[Cluster]:  # noqa: F811
+    c = Cluster(klab)
+    lab = klab.lab
+    # The lab node in Kubernetes mode: its watcher reads the lab's API server; tenants by
+    # label, Capsule and HNC; the agent on a socket of its own (never the host's default).
+    node_config = Path(lab.node_config)
+    node_config.write_text(node_config.read_text() + f"kubernetes: true\nkubeconfig: {lab.kubeconfig}\n"
+                           f"nodeName: {lab.node_name}\ntenantSources: [label, capsule, hnc]\n"
+                           f"agentSocket: {lab.root}/agent.sock\n")
+    kube.apply(lab, CRD.read_text())
+    c.kubectl("wait", "--for=condition=Established", "crd/tenantnetworks.tenantnet.io", "--timeout=60s")
+    for ns, labels in NAMESPACES.items():
+        kube.apply(lab, json.dumps({"apiVersion": "v1", "kind": "Namespace",
+                                    "metadata": {"name": ns, "labels": labels}}))
+    c.start("--node-config", str(node_config), "agent", "run", log="agent.out")
+    c.start("--node-config", str(node_config), "renderer", "run", "--kubeconfig", lab.kubeconfig,
+            "--auto-vlans", "3000-3009", "--identity", "e2e", log="renderer.out")
+    try:
+        yield c
+    finally:
+        for proc in c.procs:  # ours, by pid
+            proc.send_signal(signal.SIGTERM)
+        for proc in c.procs:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _renderer_log(c: Cluster) -> str:
+    return (Path(c.lab.lab.root) / "renderer.out").read_text()[-3000:]
+
+
+def test_nads_rendered_into_the_selected_namespaces(cluster: Cluster) -> None:
+    bridge = cluster.lab.lab.bridge
+    started = time.monotonic()
+    kube.apply(cluster.lab.lab, json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        tenant_network("rail-1", ["team-a", "acme"], 100, "10.61.0.0/24", bridge),
+        tenant_network("rail-2", ["team-b"], "auto", "10.62.0.0/24", bridge)]}))
+    want = {("team-a", "rail-1"), ("acme-ml", "rail-1"), ("team-b", "rail-2")}
+    assert poll(lambda: set(cluster.nads()) == want, 60, 0.1), f"{set(cluster.nads())}\n{_renderer_log(cluster)}"
+    print(f"\nNADs rendered {time.monotonic() - started:.2f} s after the TenantNetworks were applied")
+    nad = cluster.nads()[("team-a", "rail-1")]
+    assert nad["metadata"]["finalizers"] == ["tenantnet.io/rendered-nad"]
+    [owner] = nad["metadata"]["ownerReferences"]
+    assert (owner["kind"], owner["name"], owner["controller"]) == ("TenantNetwork", "rail-1", True)
+    config = json.loads(nad["spec"]["config"])
+    assert (config["type"], config["tenantNetwork"], config["vlan"], config["bridge"]) == \
+        ("tenantnet", "rail-1", 100, bridge)
+    assert poll(lambda: cluster.status("rail-2").get("vlan") == 3000, 30, 0.1), cluster.status("rail-2")
+    assert json.loads(cluster.nads()[("team-b", "rail-2")]["spec"]["config"])["vlan"] == 3000
+    s = cluster.status("rail-1")
+    assert s["renderedNamespaces"] == ["acme-ml", "team-a"] and s["conditions"][0]["status"] == "True"
+
+
+def test_a_label_change_re_renders(cluster: Cluster) -> None:
+    started = time.monotonic()
+    cluster.kubectl("label", "namespace", "stray", "tenantnet.io/tenant=team-a")
+    assert poll(lambda: ("stray", "rail-1") in cluster.nads(), 30, 0.05), _renderer_log(cluster)
+    print(f"\nNAD rendered {time.monotonic() - started:.2f} s after the namespace's label changed")
+    # Sources that disagree: no tenant, the NAD goes, the status names the conflict.
+    cluster.kubectl("label", "namespace", "stray", "capsule.clastix.io/tenant=team-b")
+    assert poll(lambda: ("stray", "rail-1") not in cluster.nads(), 30, 0.05), _renderer_log(cluster)
+    assert poll(lambda: any("namespace stray: the tenant sources disagree" in c
+                            for c in cluster.status("rail-1").get("conflicts", [])), 30, 0.1)
+
+
+def test_a_tenants_edit_is_undone_and_counted(cluster: Cluster) -> None:
+    nad = cluster.nads()[("team-a", "rail-1")]
+    config = json.loads(nad["spec"]["config"])
+    config.update(vlan=200, bridge="br-other")
+    cluster.kubectl("patch", "network-attachment-definition", "rail-1", "-n", "team-a", "--type=merge",
+                    "-p", json.dumps({"spec": {"config": json.dumps(config)}}))
+    assert poll(lambda: json.loads(cluster.nads()[("team-a", "rail-1")]["spec"]["config"])["vlan"] == 100, 30,
+                0.05), _renderer_log(cluster)
+    assert poll(lambda: cluster.status("rail-1").get("restoredEdits", 0) >= 1, 30, 0.1)
+    assert "render.restored" in _renderer_log(cluster)
+
+
+def test_controller_and_schema_refusals(cluster: Cluster) -> None:
+    bridge = cluster.lab.lab.bridge
+    # One VLAN of one bridge for another tenant: refused in the status, nothing rendered.
+    kube.apply(cluster.lab.lab, json.dumps(tenant_network("rail-3", ["team-b"], 100, "10.63.0.0/24", bridge)))
+    assert poll(lambda: (cluster.status("rail-3").get("conditions") or [{}])[0].get("reason") == "Conflict", 30, 0.1)
+    assert "VLAN 100 of bridge" in cluster.status("rail-3")["lastError"]
+    assert not any(name == "rail-3" for _, name in cluster.nads())
+    cluster.kubectl("delete", "tenantnetwork", "rail-3")
+    # The API server itself refuses what the schema forbids.
+    bad = tenant_network("rail-4", ["team-a"], 5000, "10.64.0.0/24", bridge)
+    with pytest.raises(kube.KubeError) as info:
+        kube.apply(cluster.lab.lab, json.dumps(bad))
+    assert "vlan must be a VLAN id from 1 to 4094" in str(info.value)
+
+
+def test_the_node_enforces_the_tenant_network(cluster: Cluster) -> None:
+    state = Path(cluster.lab.lab.ovs_root) / "state"
+    assert poll(lambda: kubecache.read_sync(str(state)) is not None, 60, 0.2), \
+        (Path(cluster.lab.lab.root) / "agent.out").read_text()[-2000:]
+    # The tenant's NAD text asks for another VLAN: the pod gets the TenantNetwork's.
+    cluster.kubectl("patch", "tenantnetwork", "rail-1", "--type=merge", "-p", '{"spec": {"mtu": 1400}}')
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "a1", "namespace": "team-a",
+                                                          "annotations": {"k8s.v1.cni.cncf.io/networks": "rail-1"}},
+           "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+               "name": "main", "image": kubeimages.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+               "command": ["sleep", "3600"]}]}}
+    hand = {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": "mine", "namespace": "team-b"},
+            "spec": {"config": json.dumps({"cniVersion": "1.0.0", "name": "mine", "type": "tenantnet",
+                                           "bridge": cluster.lab.lab.bridge, "vlan": 100})}}
+    b1 = {**pod, "metadata": {"name": "b1", "namespace": "team-b",
+                              "annotations": {"k8s.v1.cni.cncf.io/networks": "mine"}}}
+    # A namespace's default ServiceAccount comes from the controller-manager, shortly after it.
+    assert poll(lambda: cluster.get("serviceaccount", "default", "-n", "team-a") is not None and
+                cluster.get("serviceaccount", "default", "-n", "team-b") is not None, 60, 0.2)
+    kube.apply(cluster.lab.lab, json.dumps({"apiVersion": "v1", "kind": "List", "items": [hand, pod, b1]}))
+    try:
+        cluster.kubectl("wait", "--for=condition=Ready", "pod/a1", "-n", "team-a", "--timeout=180s", timeout=200)
+        seen = cluster.kubectl("exec", "-n", "team-a", "a1", "--", "ip", "-o", "link", "show", "net1")
+        assert "mtu 1400" in seen, seen
+        out = subprocess.run([CTL, "--node-config", cluster.lab.lab.node_config, "ls", "--json"],
+                             capture_output=True, text=True, check=True).stdout
+        [record] = [r for r in json.loads(out) if r["pod"] == "team-a/a1"]
+        assert record["vlan"] == 100, record
+
+        def refused() -> str:
+            events = cluster.get("events", "-n", "team-b", "--field-selector", "involvedObject.name=b1")
+            return " ".join(e.get("message", "") for e in (events or {"items": []})["items"])
+        assert poll(lambda: "names no tenantNetwork" in refused(), 120, 1), refused()
+    finally:
+        cluster.kubectl("delete", "pod", "-n", "team-a", "a1", "--wait=true", "--timeout=120s", timeout=150)
+        cluster.kubectl("delete", "pod", "-n", "team-b", "b1", "--wait=true", "--timeout=120s", timeout=150)
+
+
+def test_a_deleted_tenant_network_removes_its_nads(cluster: Cluster) -> None:
+    cluster.kubectl("delete", "tenantnetwork", "rail-2", "--wait=false")
+    assert poll(lambda: ("team-b", "rail-2") not in cluster.nads(), 60, 0.1), _renderer_log(cluster)
+    assert poll(lambda: cluster.get("tenantnetwork", "rail-2") is None, 60, 0.2)
+    assert os.path.exists(cluster.lab.lab.kubeconfig)
