@@ -122,6 +122,10 @@ def cmd_lab(args: argparse.Namespace) -> int:
         print("tenantnetctl lab up: --gpus must be 8 (the simulated server has 8 GPUs and 8 NICs)",
               file=sys.stderr)
         return 2
+    if args.lab_command == "up" and args.kubernetes and (args.vfs or args.gpus or args.nodes != 1):
+        print("tenantnetctl lab up: --kubernetes is one node over the lab OVS: no --vfs, --gpus or --nodes "
+              "with it", file=sys.stderr)
+        return 2
     if args.lab_command == "up" and not 1 <= args.nodes <= 8:
         print("tenantnetctl lab up: --nodes must be 1-8", file=sys.stderr)
         return 2

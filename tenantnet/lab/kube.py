@@ -16,10 +16,12 @@
   (`packaging/crds/`) applied. containerd's environment carries `TENANTNET_CONFIG`, so the
   tenantnet that Multus executes uses the lab's node config.
 
-The node's address (`NODE_IP`) is on a veth pair of the lab's own, from a /30 that stays on
-this machine (nothing is routed out): the kubelet refuses a loopback node IP, and without an
-InternalIP the API server cannot reach the kubelet for `kubectl exec/logs`. Only one such lab
-runs per machine: the kubelet's fixed paths (`kubehost`) admit one kubelet.
+The node's address is on a veth pair of the lab's own, from a /30 in 172.30.255.0/24 that
+stays on this machine (nothing is routed out): the kubelet refuses a loopback node IP, and
+without an InternalIP the API server cannot reach the kubelet for `kubectl exec/logs`. What a
+lab names on the host — links, cgroup, node /30, pod /24 — is its own (`NodeNet`, from its
+directory's path), so labs can run side by side; the kubelet's fixed paths (`kubehost`) are
+shared: the first lab's pod-resources link stays until that lab goes down.
 
 `lab down` removes every trace: pods deleted through the API first (so Multus and tenantnet
 get their DEL), then every process by pid and command line, containers and shims left over,
@@ -41,6 +43,7 @@ The binaries come from `TENANTNET_KUBE_BIN` or the shared archive (`kubebin`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -63,12 +66,9 @@ from tenantnet.lab.ovs import paths as ovs_paths
 
 META = "kube.json"
 NODE_NAME = "tenantnet-lab"
-NODE_LINK, NODE_PEER = "tnkube0", "tnkube0p"
-NODE_IP, NODE_PEER_IP = "172.30.255.1", "172.30.255.2"  # a /30 on the lab's own veth pair
-POD_BRIDGE, POD_SUBNET = "tnkube-br0", "172.30.254.0/24"  # the plain cluster network
-SERVICE_RANGE = "172.30.253.0/24"  # only allocated, never routed (no kube-proxy)
-CGROUP_ROOT = "tenantnet-kube"
-KUBELET_PORT = 10250
+SERVICE_RANGE = "172.30.254.0/24"  # only allocated, never routed (no kube-proxy)
+SLOTS = 64  # labs side by side: node /30s in 172.30.255.0/24, pod /24s 172.30.0-63.0
+KUBELET_PORT = 10250  # on the lab's own node address
 # CNI network names: libcni's result cache (/var/lib/cni/results) names its entries after them.
 MULTUS_NETWORK, POD_NETWORK = "tenantnet-lab-multus", "tenantnet-lab-pods"
 CRD = Path(__file__).resolve().parents[2] / "packaging" / "crds" / "network-attachment-definitions.yaml"
@@ -78,6 +78,75 @@ READY_TIMEOUT = 180.0  # generous: a busy 2-core machine
 
 class KubeError(LabError):
     pass
+
+
+@dataclass(frozen=True)
+class NodeNet:
+    """What a lab names on the host, distinct per lab dir so that labs can run side by side:
+    its links, cgroup, node address (a /30 on its veth pair, never routed off the machine)
+    and pod subnet (on its bridge)."""
+
+    tag: str  # from the lab dir's path
+    slot: int  # 0..SLOTS-1: which addresses
+
+    @property
+    def link(self) -> str:
+        return f"tk{self.tag}n"
+
+    @property
+    def peer(self) -> str:
+        return f"tk{self.tag}p"
+
+    @property
+    def bridge(self) -> str:
+        return f"tk{self.tag}b"
+
+    @property
+    def cgroup(self) -> str:
+        return f"tenantnet-kube-{self.tag}"
+
+    @property
+    def node_ip(self) -> str:
+        return f"172.30.255.{4 * self.slot + 1}"
+
+    @property
+    def pod_subnet(self) -> str:
+        return f"172.30.{self.slot}.0/24"
+
+
+def _tag(root: str) -> str:
+    return hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:5]
+
+
+def _choose_net(root: str) -> NodeNet:
+    """The lab's names, and the first slot (from one its path picks) whose addresses this
+    machine does not use yet."""
+    tag = _tag(root)
+    used = _run(["ip", "-o", "-4", "addr", "show"], "ip addr") + \
+        _run(["ip", "-4", "route", "show"], "ip route")
+    for i in range(SLOTS):
+        net = NodeNet(tag, (int(tag, 16) + i) % SLOTS)
+        if f" {net.node_ip}/" not in used and net.pod_subnet.split("/")[0] + "/" not in used:
+            return net
+    raise KubeError(f"no free address slot for another Kubernetes lab ({SLOTS} in use?)")
+
+
+def _net_of(meta: dict[str, Any], root: str) -> NodeNet:
+    n = meta.get("net")
+    return NodeNet(n["tag"], n["slot"]) if n else NodeNet(_tag(root), 0)
+
+
+def _other_labs(root: str) -> list[dict[str, Any]]:
+    """The metadata of the other Kubernetes labs running on this machine (found by their
+    node links, whose alias names their directory)."""
+    found = []
+    for link in Path("/sys/class/net").glob("tk?????n"):
+        owner = _link_alias(link.name)
+        if owner and owner != os.path.abspath(root):
+            other = status(owner)
+            if other.running:
+                found.append(_load(_Paths(owner)))
+    return found
 
 
 @dataclass
@@ -96,6 +165,8 @@ class KubeLab:
     containerd_socket: str
     kubelet_root: str
     images: dict[str, str]
+    links: list[str]  # on the host: the node's veth and the pod bridge
+    cgroup: str  # the kubelet's cgroupRoot, in every hierarchy
     versions: dict[str, str] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
@@ -224,13 +295,15 @@ def status(root: str) -> KubeLab:
     meta = _load(p)
     daemons = [kubehost.Daemon(**d) for d in meta.get("daemons", [])]
     running = bool(meta.get("complete")) and bool(daemons) and all(kubehost.is_ours(d) for d in daemons)
+    net = _net_of(meta, root)
     return KubeLab(
         root=str(p.root), running=running, kubeconfig=str(p.admin_kubeconfig),
         kubectl=meta.get("kubectl", ""), cni_bin_dir=str(p.cni_bin), cni_conf_dir=str(p.cni_conf),
         node_config=ovs_paths(str(p.ovs))["node_config"], ovs_root=str(p.ovs),
-        bridge=ovslab.DEFAULT_BRIDGE, node_name=NODE_NAME, node_ip=NODE_IP,
+        bridge=ovslab.DEFAULT_BRIDGE, node_name=NODE_NAME, node_ip=net.node_ip,
         containerd_socket=str(p.containerd_sock), kubelet_root=str(p.kubelet),
         images={"pause": kubeimages.PAUSE_IMAGE, "busybox": kubeimages.BUSYBOX_IMAGE},
+        links=[net.link, net.peer, net.bridge], cgroup=f"/{net.cgroup}",
         versions=meta.get("versions", {}), pids={d.name: d.pid for d in daemons},
         timings=meta.get("timings", {}))
 
@@ -253,7 +326,6 @@ def up(root: str) -> KubeLab:
     for plugin in ("tenantnet", "tenantnet-ipam"):
         if not (venv_bin / plugin).exists():
             raise KubeError(f"{venv_bin / plugin} is missing (make venv)")
-    _refuse_another_lab(root)
     p = _Paths(root)
     # A shim's socket is <containerd>/s/<64 hex digits>, and a unix socket path has 107 bytes.
     if len(str(p.containerd / "s")) + 65 > 107:
@@ -261,14 +333,25 @@ def up(root: str) -> KubeLab:
                         f"(at most {107 - 65 - len('/containerd/s')} characters; e.g. /run/tenantnet-kube)")
     if p.root.exists():
         down(root)
+    others = _other_labs(root)
+    if kubehost.socket_is_live(kubehost.DEVICE_PLUGIN_SOCKET) and not others:
+        raise KubeError(f"a kubelet that is not a lab's serves {kubehost.DEVICE_PLUGIN_SOCKET}: the lab's "
+                        "kubelet would take its fixed paths")
+    net = _choose_net(root)
     p.root.mkdir(mode=0o700, parents=True)
     for d in (p.pki, p.logs, p.kubeconfigs, p.cni_bin, p.cni_conf, p.cni_state, p.kubelet):
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
     started = time.monotonic()
-    meta: dict[str, Any] = {"root": str(p.root), "kubectl": kubectl_bin, "daemons": [], "complete": False,
-                            "fixedDirsBefore": kubehost.existing_fixed_dirs(),
-                            "ownDeviceSocket": not kubehost.DEVICE_PLUGIN_SOCKET.exists(),
-                            "sysctlsBefore": kubehost.read_sysctls(), "timings": {}}
+    # What other labs running now made at the fixed paths counts as made by a lab (the last one
+    # down removes it); the kernel settings before the first lab's kubelet are the ones to restore.
+    before = set(kubehost.existing_fixed_dirs())
+    for other in others:
+        before &= set(other.get("fixedDirsBefore", []))
+    meta: dict[str, Any] = {
+        "root": str(p.root), "kubectl": kubectl_bin, "daemons": [], "complete": False,
+        "net": asdict(net), "fixedDirsBefore": sorted(before),
+        "ownDeviceSocket": not kubehost.DEVICE_PLUGIN_SOCKET.exists() or bool(others),
+        "sysctlsBefore": others[0]["sysctlsBefore"] if others else kubehost.read_sysctls(), "timings": {}}
     _save(p, meta)
     try:
         _bring_up(p, meta, bins, kubectl_bin, venv_bin)
@@ -281,19 +364,6 @@ def up(root: str) -> KubeLab:
     meta["complete"] = True
     _save(p, meta)
     return status(root)
-
-
-def _refuse_another_lab(root: str) -> None:
-    alias = Path(f"/sys/class/net/{NODE_LINK}/ifalias")
-    if alias.exists():
-        owner = alias.read_text().strip()
-        if owner != os.path.abspath(root):
-            raise KubeError(f"another Kubernetes lab runs on this machine (link {NODE_LINK} belongs to "
-                            f"{owner or 'an unknown lab'}); one kubelet per machine: "
-                            f"tenantnetctl lab down --dir {owner or '<its dir>'}")
-    if kubehost.socket_is_live(kubehost.DEVICE_PLUGIN_SOCKET):
-        raise KubeError(f"a kubelet already serves {kubehost.DEVICE_PLUGIN_SOCKET}: this machine runs one; "
-                        "the lab's kubelet would take its fixed paths")
 
 
 def _start(p: _Paths, meta: dict[str, Any], name: str, argv: list[str],
@@ -318,22 +388,22 @@ def _alive(meta: dict[str, Any], name: str) -> Callable[[], bool]:
 def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubectl_bin: str,
               venv_bin: Path) -> None:
     t0 = time.monotonic()
+    net = _net_of(meta, str(p.root))
+    node_ip = net.node_ip
     ovs = ovslab.up(str(p.ovs))
     meta["ovs"] = True
     # The node's address: a veth pair of the lab's own, the link's alias naming the lab.
-    _ip("link", "add", NODE_LINK, "type", "veth", "peer", "name", NODE_PEER)
-    meta["links"] = [NODE_LINK]
-    _save(p, meta)
-    _ip("link", "set", NODE_LINK, "alias", str(p.root))
-    _ip("addr", "add", f"{NODE_IP}/30", "dev", NODE_LINK)
-    _ip("link", "set", NODE_PEER, "up")
-    _ip("link", "set", NODE_LINK, "up")
+    _ip("link", "add", net.link, "type", "veth", "peer", "name", net.peer)
+    _ip("link", "set", net.link, "alias", str(p.root))
+    _ip("addr", "add", f"{node_ip}/30", "dev", net.link)
+    _ip("link", "set", net.peer, "up")
+    _ip("link", "set", net.link, "up")
 
     pki = Pki(p.pki)
     pki.create_ca()
     svc_ip = SERVICE_RANGE.rsplit(".", 1)[0] + ".1"
     apiserver = pki.issue("apiserver", "kube-apiserver", server=True, sans=(
-        "IP:127.0.0.1", f"IP:{NODE_IP}", f"IP:{svc_ip}", "DNS:localhost", "DNS:kubernetes",
+        "IP:127.0.0.1", f"IP:{node_ip}", f"IP:{svc_ip}", "DNS:localhost", "DNS:kubernetes",
         "DNS:kubernetes.default", "DNS:kubernetes.default.svc", "DNS:kubernetes.default.svc.cluster.local"))
     apiserver_kubelet = pki.issue("apiserver-kubelet-client", "kube-apiserver-kubelet-client",
                                   "system:masters")
@@ -342,7 +412,7 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     sched = pki.issue("scheduler", "system:kube-scheduler")
     kubelet_client = pki.issue("kubelet-client", f"system:node:{NODE_NAME}", "system:nodes")
     kubelet_serving = pki.issue("kubelet-serving", NODE_NAME, server=True,
-                                sans=(f"IP:{NODE_IP}", "IP:127.0.0.1", f"DNS:{NODE_NAME}"))
+                                sans=(f"IP:{node_ip}", "IP:127.0.0.1", f"DNS:{NODE_NAME}"))
     multus = pki.issue("multus", "tenantnet-lab-multus")
 
     etcd_port, etcd_peer = _free_port(), _free_port()
@@ -359,12 +429,12 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
             return bool(json.loads(resp.read()).get("health") == "true")
     _wait("etcd", etcd_ok, log, alive=_alive(meta, "etcd"))
 
-    api_port = _free_port(NODE_IP)
-    server = f"https://{NODE_IP}:{api_port}"
+    api_port = _free_port(node_ip)
+    server = f"https://{node_ip}:{api_port}"
     meta["apiserver"] = server
     log = _start(p, meta, "kube-apiserver", [
-        bins["kube-apiserver"], f"--etcd-servers={etcd_url}", f"--bind-address={NODE_IP}",
-        f"--advertise-address={NODE_IP}", f"--secure-port={api_port}", f"--cert-dir={p.pki}/apiserver",
+        bins["kube-apiserver"], f"--etcd-servers={etcd_url}", f"--bind-address={node_ip}",
+        f"--advertise-address={node_ip}", f"--secure-port={api_port}", f"--cert-dir={p.pki}/apiserver",
         f"--tls-cert-file={apiserver.cert}", f"--tls-private-key-file={apiserver.key}",
         f"--client-ca-file={pki.ca.cert}", "--authorization-mode=Node,RBAC", "--anonymous-auth=false",
         "--enable-admission-plugins=NodeRestriction", "--allow-privileged=true",
@@ -405,7 +475,7 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     apply(lab_view, _MULTUS_RBAC)
 
     # containerd, its images and the CNI it runs (Multus thin, delegating to bridge).
-    _write_cni(p, bins, multus_kc, venv_bin)
+    _write_cni(p, net, bins, multus_kc, venv_bin)
     _write_containerd_config(p)
     env = dict(os.environ, TENANTNET_CONFIG=ovs.node_config,
                PATH=f"{bins.dir}{os.pathsep}{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
@@ -418,16 +488,17 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     _run([*ctr, "images", "import", "--snapshotter=overlayfs", str(p.images)], "importing the lab's images")
 
     # The kubelet: its cgroup in every hierarchy, the fixed paths, then the process.
-    meta["cgroups"] = kubehost.create_cgroup(CGROUP_ROOT)
+    meta["cgroups"] = kubehost.create_cgroup(net.cgroup)
     _save(p, meta)
     meta["podResourcesLink"] = kubehost.link_pod_resources(str(p.kubelet / "pod-resources" / "kubelet.sock"))
     _save(p, meta)
     healthz = _free_port()
     config = p.kubelet / "config.yaml"
-    config.write_text(_kubelet_config(p, pki.ca.cert, kubelet_serving.cert, kubelet_serving.key, healthz))
+    config.write_text(_kubelet_config(p, net, pki.ca.cert, kubelet_serving.cert, kubelet_serving.key,
+                                      healthz))
     log = _start(p, meta, "kubelet", [
         bins["kubelet"], f"--config={config}", f"--kubeconfig={kubelet_kc}", f"--root-dir={p.kubelet}",
-        f"--cert-dir={p.kubelet}/pki", f"--hostname-override={NODE_NAME}", f"--node-ip={NODE_IP}",
+        f"--cert-dir={p.kubelet}/pki", f"--hostname-override={NODE_NAME}", f"--node-ip={node_ip}",
         "--v=2"], env=env)
 
     def node_ready() -> bool:
@@ -441,7 +512,7 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     del admin_kc
 
 
-def _write_cni(p: _Paths, bins: kubebin.KubeBinaries, multus_kc: str, venv_bin: Path) -> None:
+def _write_cni(p: _Paths, net: NodeNet, bins: kubebin.KubeBinaries, multus_kc: str, venv_bin: Path) -> None:
     links = {"multus": Path(bins["multus"])}
     links.update({plugin.name: plugin for plugin in GO_PLUGINS.iterdir()})
     # The venv's executables (a symlink: the trampoline finds its -shim beside its real path).
@@ -449,8 +520,8 @@ def _write_cni(p: _Paths, bins: kubebin.KubeBinaries, multus_kc: str, venv_bin: 
     for name, target in links.items():
         (p.cni_bin / name).symlink_to(target)
     cluster = {"cniVersion": "1.0.0", "name": POD_NETWORK, "plugins": [
-        {"type": "bridge", "bridge": POD_BRIDGE, "isGateway": True, "ipMasq": False,
-         "ipam": {"type": "host-local", "ranges": [[{"subnet": POD_SUBNET}]],
+        {"type": "bridge", "bridge": net.bridge, "isGateway": True, "ipMasq": False,
+         "ipam": {"type": "host-local", "ranges": [[{"subnet": net.pod_subnet}]],
                   "dataDir": str(p.cni_state / "host-local")}}]}
     multus = {"cniVersion": "1.0.0", "name": MULTUS_NETWORK, "type": "multus",
               "kubeconfig": multus_kc, "cniDir": str(p.cni_state / "multus"), "binDir": str(p.cni_bin),
@@ -511,7 +582,7 @@ imports = []
 """)
 
 
-def _kubelet_config(p: _Paths, ca: str, cert: str, key: str, healthz: int) -> str:
+def _kubelet_config(p: _Paths, net: NodeNet, ca: str, cert: str, key: str, healthz: int) -> str:
     return f"""\
 # written by `tenantnetctl lab up --kubernetes` (docs/kubernetes.md, "The lab's Kubernetes node")
 apiVersion: kubelet.config.k8s.io/v1beta1
@@ -519,9 +590,9 @@ kind: KubeletConfiguration
 # a cgroup v1 host: kubelet 1.36 refuses it unless told; cgroupfs, a cgroup root of the lab's own
 failCgroupV1: false
 cgroupDriver: cgroupfs
-cgroupRoot: /{CGROUP_ROOT}
+cgroupRoot: /{net.cgroup}
 failSwapOn: false
-address: {NODE_IP}
+address: {net.node_ip}
 port: {KUBELET_PORT}
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1
@@ -613,31 +684,24 @@ def down(root: str) -> list[str]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, 9)
             removed.append(f"containerd shim {pid}")
-    owner = _link_alias(NODE_LINK)
-    if owner not in ("", str(p.root)):
-        # Another Kubernetes lab runs (this one is a stale leftover): what the two share by
-        # name — the cgroup, the pod bridge, the kubelet's fixed paths — is that lab's now.
-        removed += [f"(left to the running lab in {owner}: cgroup, links, fixed paths)"]
-        removed += [f"mount {m}" for m in kubehost.unmount_all_under(str(p.root))]
-        if p.ovs.exists():
-            removed += [f"ovs: {r}" for r in ovslab.down(str(p.ovs))]
-        shutil.rmtree(p.root, ignore_errors=True)
-        return removed
-    left = kubehost.remove_cgroup(CGROUP_ROOT)
-    if meta.get("cgroups") or any(Path(c).exists() for c in meta.get("cgroups", [])):
-        removed.append(f"cgroup /{CGROUP_ROOT}")
+    net = _net_of(meta, root)
+    left = kubehost.remove_cgroup(net.cgroup)
+    if meta.get("cgroups"):
+        removed.append(f"cgroup /{net.cgroup}")
     if left:
         removed.append(f"cgroups still busy (not removed): {', '.join(left)}")
     removed += [f"mount {m}" for m in kubehost.unmount_all_under(str(p.root))]
     if kubehost.restore_sysctls(meta.get("sysctlsBefore", {})):
         removed.append("kernel settings the kubelet changed (restored)")
-    for link in (POD_BRIDGE, NODE_LINK):
+    for link in (net.bridge, net.link):
         if os.path.exists(f"/sys/class/net/{link}"):
             subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)
             removed.append(f"link {link}")
+    sandboxes_dir = p.containerd / "state" / "io.containerd.grpc.v1.cri" / "sandboxes"
+    sandboxes = os.listdir(sandboxes_dir) if sandboxes_dir.is_dir() else []
     removed += kubehost.remove_fixed_paths(str(p.root), bool(meta.get("ownDeviceSocket")),
                                            meta.get("fixedDirsBefore", list(kubehost.FIXED_DIRS)),
-                                           (MULTUS_NETWORK, POD_NETWORK))
+                                           (MULTUS_NETWORK, POD_NETWORK), sandboxes)
     if p.ovs.exists():
         removed += [f"ovs: {r}" for r in ovslab.down(str(p.ovs))]
     shutil.rmtree(p.root, ignore_errors=True)

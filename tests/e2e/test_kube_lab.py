@@ -40,7 +40,7 @@ VLAN = 100
 PODS = ("tn-kube-a", "tn-kube-b")
 # Places outside the lab a kubelet, containerd or libcni would write to without the lab's
 # configuration: each must be as it was before the lab came up.
-WATCHED = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/run/containerd", "/var/lib/containerd",
+WATCHED = ("/var/lib/kubelet", "/var/log/pods", "/run/containerd", "/var/lib/containerd",
            "/etc/containerd", "/var/run/nri", "/opt/cni", "/etc/cni/net.d/00-multus.conf", "/var/lib/cni/multus",
            "/usr/libexec/kubernetes", "/var/run/kubernetes", "/etc/kubernetes", "/opt/containerd", "/etc/cdi",
            "/var/run/cdi")
@@ -63,11 +63,17 @@ def _fail_unless_usable() -> None:
         pytest.fail("the Kubernetes e2e tier cannot run here: " + "; ".join(problems), pytrace=False)
 
 
-def _fixed_state() -> dict[str, Any]:
+def _fixed_state(root: str) -> dict[str, Any]:
+    """What lies outside `root` that a lab there could leave behind (its names are its own)."""
     found: dict[str, Any] = {p: sorted(os.listdir(p)) if os.path.isdir(p) else os.path.lexists(p) for p in WATCHED}
+    # the kubelet's links to containers' logs: only the lab's own (another lab may run beside it)
+    logs = Path("/var/log/containers")
+    found[str(logs)] = sorted(e.name for e in logs.iterdir() if e.is_symlink() and os.readlink(e).startswith(root + "/")) \
+        if logs.is_dir() else []
     found["sysctls"] = kubehost.read_sysctls()
-    found["cgroups"] = [str(h) for h in Path("/sys/fs/cgroup").glob(f"*/{kube.CGROUP_ROOT}")]
-    found["links"] = [n for n in (kube.NODE_LINK, kube.NODE_PEER, kube.POD_BRIDGE) if os.path.exists(f"/sys/class/net/{n}")]
+    net = kube.status(root)
+    found["cgroups"] = [str(h) for h in Path("/sys/fs/cgroup").glob(f"*{net.cgroup}")]
+    found["links"] = [n for n in net.links if os.path.exists(f"/sys/class/net/{n}")]
     return found
 
 
@@ -117,7 +123,7 @@ def klab() -> Iterator[Lab]:
     _fail_unless_usable()
     # Short: containerd's shim sockets live under it (a unix socket path has 107 bytes).
     root = f"/run/tnk-e2e-{os.getpid()}"
-    before = _fixed_state()
+    before = _fixed_state(root)
     started = time.monotonic()
     proc = _ctl("lab", "up", "--kubernetes", "--dir", root, "--json")
     bring_up = time.monotonic() - started
@@ -149,7 +155,7 @@ def test_failed_bring_up_says_why_and_leaves_nothing(tmp_path: Path, monkeypatch
         (tmp_path / name).chmod(0o755)
     monkeypatch.setenv(kubebin.ENV, str(tmp_path))
     root = f"/run/tnk-fail-{os.getpid()}"
-    before = _fixed_state()
+    before = _fixed_state(root)
     try:
         with pytest.raises(kube.KubeError) as failed:
             kube.up(root)
@@ -157,7 +163,7 @@ def test_failed_bring_up_says_why_and_leaves_nothing(tmp_path: Path, monkeypatch
         assert "refusing to start (a test stand-in)" in str(failed.value)  # its log's tail
         assert not os.path.exists(root)
         assert kubehost.processes_naming(root, "") == [], "etcd or another process of the lab is left"
-        assert _fixed_state() == before
+        assert _fixed_state(root) == before
     finally:
         kube.down(root)
 
@@ -166,7 +172,7 @@ def test_node_is_ready_and_status_names_the_kubeconfig(klab: Lab) -> None:
     node = json.loads(klab.kubectl("get", "node", kube.NODE_NAME, "-o", "json"))
     ready = [c for c in node["status"]["conditions"] if c["type"] == "Ready"]
     assert ready and ready[0]["status"] == "True", ready
-    assert {"type": "InternalIP", "address": kube.NODE_IP} in node["status"]["addresses"]
+    assert {"type": "InternalIP", "address": klab.lab.node_ip} in node["status"]["addresses"]
     assert node["status"]["nodeInfo"]["kubeletVersion"] == kubebin.VERSIONS["kubernetes"]
     assert node["status"]["nodeInfo"]["containerRuntimeVersion"] == f"containerd://{kubebin.VERSIONS['containerd'][1:]}"
 
@@ -233,15 +239,24 @@ def test_pods_get_net1_from_tenantnet_and_reach_each_other(klab: Lab) -> None:
     assert klab.tenantnet("ipam", "ls", "--data-dir", str(ipam_dir)) == []
 
 
-def test_down_leaves_nothing_behind(klab: Lab) -> None:
-    """With a pod still running (its net1, volumes, sandbox): `lab down` deletes it through the
-    API, then removes the rest."""
+def test_down_after_a_crash_leaves_nothing_behind(klab: Lab) -> None:
+    """The harsh case: a pod runs (net1, volumes, sandbox /dev/shm, netns) when the kubelet and
+    containerd die (SIGKILL) — no CNI DEL will come, the shims and the pod's processes live
+    on. `lab down` must still leave no process, mount, cgroup, link, fixed path, libcni cache
+    entry or changed kernel setting behind; a second `lab down` finds nothing."""
     kube.apply(klab.lab, json.dumps(_pod_manifest("tn-kube-left")))
     klab.kubectl("wait", "--for=condition=Ready", "pod/tn-kube-left", "--timeout=180s", timeout=200)
     assert len(klab.tenantnet("ls")) == 1
     root = klab.lab.root
     assert kubehost.mounts_under(root), "a running pod has mounts under the lab (volumes, netns)"
+    sandboxes = os.listdir(Path(root) / "containerd" / "state" / "io.containerd.grpc.v1.cri" / "sandboxes")
+    assert sandboxes
     pids = dict(klab.lab.pids)
+    for name in ("kubelet", "containerd"):
+        daemon = kubehost.Daemon(name, pids[name], str(kubebin.locate()[name]), root)
+        assert kubehost.is_ours(daemon), f"{name} (pid {pids[name]}) is not the lab's"
+        os.kill(pids[name], 9)
+    assert kubehost.processes_naming(root, "containerd-shim-runc-v2"), "the shims outlive containerd"
     proc = _ctl("lab", "down", "--dir", root, timeout=300)
     assert proc.returncode == 0, proc.stderr
     for name, pid in pids.items():
@@ -250,6 +265,9 @@ def test_down_leaves_nothing_behind(klab: Lab) -> None:
     assert kubehost.processes_naming(root, "") == [], "processes naming the lab dir are left"
     assert kubehost.mounts_under(root) == []
     assert not os.path.exists(root)
-    assert _fixed_state() == klab.before
+    assert _fixed_state(root) == klab.before
+    left = [e for e in os.listdir(kubehost.LIBCNI_RESULTS) if e.startswith(("tenantnet-lab-",))
+            or any(f"-{sandbox}-" in e for sandbox in sandboxes)] if kubehost.LIBCNI_RESULTS.is_dir() else []
+    assert left == [], f"libcni cache entries of the lab left: {left}"
     again = _ctl("lab", "down", "--dir", root, timeout=60)
     assert again.returncode == 0 and "nothing" in again.stdout, again.stdout + again.stderr
