@@ -15,6 +15,7 @@ Multus v4.3.0 (thin), static x86_64 builds. Two sources, in this order:
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -104,7 +105,12 @@ def locate(repo: Path = REPO) -> KubeBinaries:
     want = _sums(shared_dir(repo) / "SHA256SUMS").get(ARCHIVE)
     if stamp.exists() and want and stamp.read_text().strip() == want:
         return KubeBinaries(out / "bin", str(archive))
-    _unpack(archive, out, want)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # One unpacker at a time (two test runs on a fresh checkout): the second finds the stamp.
+    with open(out.parent / ".k8s-unpack.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (stamp.exists() and want and stamp.read_text().strip() == want):
+            _unpack(archive, out, want)
     return KubeBinaries(out / "bin", str(archive))
 
 
