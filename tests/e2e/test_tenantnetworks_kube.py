@@ -32,6 +32,7 @@ from tests.polling import poll
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
 CRD = Path(__file__).resolve().parents[2] / "packaging" / "crds" / "tenantnetwork.yaml"
+RBAC = Path(__file__).resolve().parents[2] / "packaging" / "rbac.yaml"
 NAMESPACES = {
     "team-a": {"tenantnet.io/tenant": "team-a"},
     "team-b": {"capsule.clastix.io/tenant": "team-b"},
@@ -74,6 +75,22 @@ class Cluster:
         return proc
 
 
+def _service_account_kubeconfig(c: Cluster, account: str) -> str:
+    """A kubeconfig holding a token of kube-system/<account>, against the lab's API server."""
+    import yaml
+
+    admin = yaml.safe_load(Path(c.lab.lab.kubeconfig).read_text())
+    token = c.kubectl("create", "token", account, "-n", "kube-system", "--duration=2h").strip()
+    config = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+              "users": [{"name": account, "user": {"token": token}}],
+              "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
+              "current-context": account}
+    path = Path(c.lab.lab.root) / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return str(path)
+
+
 @pytest.fixture(scope="module")
 def cluster(klab: Lab) -> Iterator[Cluster]:  # noqa: F811
     c = Cluster(klab)
@@ -89,8 +106,14 @@ def cluster(klab: Lab) -> Iterator[Cluster]:  # noqa: F811
     for ns, labels in NAMESPACES.items():
         kube.apply(lab, json.dumps({"apiVersion": "v1", "kind": "Namespace",
                                     "metadata": {"name": ns, "labels": labels}}))
+    # Each process as its ServiceAccount, under the packaged RBAC: least privilege, for real.
+    kube.apply(lab, RBAC.read_text())
+    agent_kc = _service_account_kubeconfig(c, "tenantnet")
+    node_config.write_text(node_config.read_text().replace(f"kubeconfig: {lab.kubeconfig}\n",
+                                                           f"kubeconfig: {agent_kc}\n"))
     c.start("--node-config", str(node_config), "agent", "run", log="agent.out")
-    c.start("--node-config", str(node_config), "renderer", "run", "--kubeconfig", lab.kubeconfig,
+    c.start("--node-config", str(node_config), "renderer", "run",
+            "--kubeconfig", _service_account_kubeconfig(c, "tenantnet-renderer"),
             "--auto-vlans", "3000-3009", "--identity", "e2e", log="renderer.out")
     try:
         yield c
@@ -207,6 +230,28 @@ def test_the_node_enforces_the_tenant_network(cluster: Cluster) -> None:
     finally:
         cluster.kubectl("delete", "pod", "-n", "team-a", "a1", "--wait=true", "--timeout=120s", timeout=150)
         cluster.kubectl("delete", "pod", "-n", "team-b", "b1", "--wait=true", "--timeout=120s", timeout=150)
+
+
+def test_a_network_for_100_namespaces(cluster: Cluster) -> None:
+    """A figure (docs/kubernetes.md), not a threshold: a TenantNetwork for a tenant of 100
+    namespaces, rendered; then the agent's memory with them all watched."""
+    names = [f"bulk-{i:03d}" for i in range(100)]
+    kube.apply(cluster.lab.lab, json.dumps({"apiVersion": "v1", "kind": "List", "items": [
+        {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": n, "labels": {"tenantnet.io/tenant": "bulk"}}}
+        for n in names]}))
+    started = time.monotonic()
+    kube.apply(cluster.lab.lab, json.dumps(tenant_network("bulk", ["bulk"], 900, "10.65.0.0/24",
+                                                          cluster.lab.lab.bridge)))
+    assert poll(lambda: sum(1 for ns, n in cluster.nads() if n == "bulk") == 100, 120, 0.1), _renderer_log(cluster)
+    print(f"\nNADs rendered into 100 namespaces {time.monotonic() - started:.2f} s after the TenantNetwork")
+    state = Path(cluster.lab.lab.ovs_root) / "state"
+    assert poll(lambda: all(kubecache.read_object(str(state), "namespaces", n) for n in names[-3:]), 60, 0.2)
+    agent = cluster.procs[0].pid
+    rss = [line for line in Path(f"/proc/{agent}/status").read_text().splitlines() if line.startswith("VmRSS")]
+    print(f"agent memory with {len(names) + len(NAMESPACES)} namespaces watched: {rss[0].split(':')[1].strip()}")
+    cluster.kubectl("delete", "tenantnetwork", "bulk")
+    assert poll(lambda: not any(n == "bulk" for _, n in cluster.nads()), 120, 0.2), _renderer_log(cluster)
+    cluster.kubectl("delete", "namespace", *names, "--wait=false")
 
 
 def test_a_deleted_tenant_network_removes_its_nads(cluster: Cluster) -> None:
