@@ -555,7 +555,8 @@ class Agent:
                     "expired": s.expired, "protocolErrors": s.protocol_errors,
                     "rssKb": rss, "peakRssKb": peak,
                     "metrics": "{}:{}".format(*self.metrics_address) if self.metrics_address else None,
-                    "metricsToken": self.metrics_token}
+                    "metricsToken": self.metrics_token,
+                    "kubernetes": self._kube_watch.report() if self._kube_watch is not None else None}
 
 
 def _error_code(text: str) -> int | None:

@@ -110,6 +110,7 @@ class NodeWatch:
         self.events = 0
         self.lists = 0
         self._announced = False
+        self.last_error = ""
 
     def start(self) -> None:
         source = self._source_factory()
@@ -124,6 +125,12 @@ class NodeWatch:
         # A watch in progress ends with its stream (the server closes it within WATCH_SECONDS);
         # the threads are daemons, so the agent's exit does not wait for them.
         self._stop.set()
+
+    def report(self) -> dict[str, Any]:
+        """For `tenantnetctl agent status`: whether the cache is complete, and what went wrong last."""
+        with self._lock:
+            return {"synced": self._listed >= set(KINDS), "lists": self.lists, "events": self.events,
+                    "lastError": self.last_error or None}
 
     def synced(self) -> bool:
         with self._lock:
@@ -142,6 +149,7 @@ class NodeWatch:
                     self._apply(kind, event, obj)
                 # The stream ended without error: list again (what changed in between is in it).
             except Exception as exc:  # the API unreachable, a 410, a refusal: keep the cache, retry
+                self.last_error = f"{kind}: {type(exc).__name__}: {exc}"[:500]
                 self.log.warning(
                     "kube.watch_failed",
                     kind=kind,

@@ -254,6 +254,42 @@ def test_a_network_for_100_namespaces(cluster: Cluster) -> None:
     cluster.kubectl("delete", "namespace", *names, "--wait=false")
 
 
+def test_with_the_api_server_stopped_the_node_serves_from_its_cache(cluster: Cluster) -> None:
+    """The API server frozen (SIGSTOP to the lab's own kube-apiserver, by its pid): an ADD on
+    the node — the exec'd plugin, through the agent, as Multus would call it — still gets
+    rail-1's settings from the cache; a namespace the cache never saw fails closed."""
+    import uuid
+
+    lab = cluster.lab.lab
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_PATH": f"{Path(sys.executable).parent}:/usr/lib/cni",
+           "TENANTNET_CONFIG": lab.node_config, "CNI_IFNAME": "net1"}
+    conf = json.dumps({"cniVersion": "1.0.0", "name": "rail-1", "type": "tenantnet", "tenantNetwork": "rail-1",
+                       "vlan": 200})
+    plugin = str(Path(sys.executable).parent / "tenantnet")
+    netns = f"tnk-{uuid.uuid4().hex[:8]}"
+    cid = uuid.uuid4().hex
+    subprocess.run(["ip", "netns", "add", netns], check=True)
+    apiserver = lab.pids["kube-apiserver"]
+    os.kill(apiserver, signal.SIGSTOP)
+    try:
+        def call(command: str, namespace: str) -> subprocess.CompletedProcess[str]:
+            return subprocess.run([plugin], input=conf, capture_output=True, text=True, timeout=60, env={
+                **env, "CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": f"/run/netns/{netns}",
+                "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME=p"})
+        added = call("ADD", "team-a")
+        assert added.returncode == 0, added.stdout + added.stderr
+        host = json.loads(added.stdout)["interfaces"][0]["name"]
+        from tenantnet.lab import node as labnode
+
+        assert labnode.vsctl(lab.ovs_root, "get", "Port", host, "tag").strip() == "100"
+        assert call("DEL", "team-a").returncode == 0
+        unknown = call("ADD", "never-seen")
+        assert json.loads(unknown.stdout)["code"] == 11 and "not yet known to this node" in unknown.stdout
+    finally:
+        os.kill(apiserver, signal.SIGCONT)
+        subprocess.run(["ip", "netns", "delete", netns], check=False)
+
+
 def test_a_deleted_tenant_network_removes_its_nads(cluster: Cluster) -> None:
     cluster.kubectl("delete", "tenantnetwork", "rail-2", "--wait=false")
     assert poll(lambda: ("team-b", "rail-2") not in cluster.nads(), 60, 0.1), _renderer_log(cluster)

@@ -113,6 +113,8 @@ def test_an_outage_keeps_the_last_synced_state_and_backs_off(tmp_path):
         per_kind = sorted(sleeps)
         assert per_kind[-1] > per_kind[0] * 3 and max(sleeps) <= BACKOFF_MAX * 1.2  # grows, bounded
         assert any(e == "kube.watch_failed" and "unreachable" in kw["error"] for e, kw in w.log.lines)
+        report = w.report()  # what `tenantnetctl agent status` shows
+        assert report["synced"] and "ConnectionRefusedError: API server unreachable" in report["lastError"]
         # Deleted during the outage: the relist after it removes it.
         api.objects["tenantnetworks"] = []
         with api.cond:
