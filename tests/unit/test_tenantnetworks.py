@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from cni.errors import CniError
 from tenantnet.plugin.tenantnetworks import (
     FINALIZER,
     NETWORK_LABEL,
@@ -274,3 +275,40 @@ def test_crd_is_structural_and_bounded_as_the_parser():
             if "items" in node:
                 walk(node["items"], f"{path}[]")
     walk(version["schema"]["openAPIV3Schema"])
+
+
+def test_packaged_rbac_is_least_privilege():
+    """The agent only reads; the renderer writes NADs, TenantNetworks' status and its Lease,
+    never a TenantNetwork's spec (the e2e tier runs both under these rules for real)."""
+    docs = list(yaml.safe_load_all((CRD.parents[1] / "rbac.yaml").read_text()))
+    roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] in ("ClusterRole", "Role")}
+    writes = {"create", "update", "patch", "delete", "deletecollection", "*"}
+    assert all(not set(r["verbs"]) & writes for r in roles["tenantnet-agent"])
+    granted = {(g, res): set(r["verbs"]) for r in roles["tenantnet-renderer"] for g in r["apiGroups"]
+               for res in r["resources"]}
+    assert not granted[("tenantnet.io", "tenantnetworks")] & writes
+    assert granted[("tenantnet.io", "tenantnetworks/status")] >= {"patch"}
+    assert granted[("k8s.cni.cncf.io", "network-attachment-definitions")] >= {"create", "patch", "delete"}
+    assert [r["resources"] for r in roles["tenantnet-renderer-lease"]] == [["leases"]]
+    bindings = {d["metadata"]["name"]: d["subjects"][0]["name"] for d in docs if d["kind"].endswith("Binding")}
+    assert bindings == {"tenantnet-agent": "tenantnet", "tenantnet-renderer": "tenantnet-renderer",
+                        "tenantnet-renderer-lease": "tenantnet-renderer"}
+    renderer = yaml.safe_load((CRD.parents[1] / "renderer.yaml").read_text())["spec"]["template"]["spec"]
+    daemonset = yaml.safe_load((CRD.parents[1] / "daemonset.yaml").read_text())["spec"]["template"]["spec"]
+    assert (renderer["serviceAccountName"], daemonset["serviceAccountName"]) == ("tenantnet-renderer", "tenantnet")
+
+
+def test_packaged_node_config_in_kubernetes_mode_loads(tmp_path):
+    from tenantnet.plugin import nodeconfig
+
+    text = yaml.safe_load((CRD.parents[1] / "configmap.yaml").read_text())["data"]["tenantnet.yaml"]
+    text = text.replace("# kubernetes: true", "kubernetes: true").replace(
+        "# tenantSources: [label, capsule, hnc]", "tenantSources: [label, capsule, hnc]")
+    path = tmp_path / "tenantnet.yaml"
+    path.write_text(text)
+    node = nodeconfig.load(str(path))
+    assert node.kubernetes and node.tenant_sources == ("label", "capsule", "hnc") and not node.legacy_nads
+    path.write_text(text.replace("tenantSources: [label, capsule, hnc]", "tenantSources: [label, ldap]"))
+    with pytest.raises(CniError) as info:
+        nodeconfig.load(str(path))
+    assert "tenantSources" in info.value.msg and "from label, capsule, hnc, name" in info.value.msg
