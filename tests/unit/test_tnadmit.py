@@ -70,7 +70,7 @@ def test_the_attachment_gets_the_tenant_networks_settings(node):
     t = settle(node, nad(), log=log)
     assert (t.mode, t.ovs.bridge, t.ovs.vlan, t.mtu, t.ipam_type) == ("ovs", "br-rail1", 100, 9000, "tenantnet-ipam")
     assert t.base.ipam == {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.10.0.0/24"}]]}
-    assert ("info", "security.allowed") == log.lines[-1][:2] and log.lines[-1][2]["tenant"] == "team-a"
+    assert log.lines[-1][:2] == ("info", "security.allowed") and log.lines[-1][2]["tenant"] == "team-a"
 
 
 def test_a_hostile_nad_is_overridden(node, tmp_path):
