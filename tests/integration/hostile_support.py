@@ -4,11 +4,16 @@ execs and the agent.
 
 The filesystem watcher compares `path -> (st_ino, st_size, st_mtime_ns, st_mode)` of a
 bounded set of directories (direct children only, `lstat`, never following a link) before
-and after one plugin call, in two kinds of directory:
+and after one plugin call, in three kinds of directory:
 
-- *quiet* ones (`/etc`, `/root`, `/var/log`, `/dev/shm`, …) that nothing else on the test
+- *private* ones: `/var/lib` and `/var/log`, where tenantnet's defaults point and where other
+  runs on the machine (libcni's result cache, other tenantnet nodes' IPAM stores and logs)
+  write all the time. The process under test sees them through an overlay whose upper layer
+  is the suite's own (`PrivateWrites`): everything in the upper layers is its doing and is a
+  finding, whatever its name; the real directories are not looked at;
+- *quiet* ones (`/etc`, `/root`, `/dev/shm`, …) that nothing else on the test
   machine writes into while the suite runs: every change among their children is a finding;
-- *busy* ones (`/`, `/tmp`, `/run`, `/var/lib`, the working directories, and the nearest existing
+- *busy* ones (`/`, `/tmp`, `/run`, the working directories, and the nearest existing
   ancestor of every path a case names, e.g. inside the lab) that other work writes into
   all the time: there only the entries the case names (and their `.tmp.*`-style siblings)
   and entries carrying the suite's random token are compared.
@@ -26,6 +31,7 @@ import ctypes
 import errno
 import json
 import os
+import random
 import re
 import shutil
 import signal
@@ -34,7 +40,8 @@ import sqlite3
 import stat
 import struct
 import subprocess
-from collections.abc import Iterable
+import uuid
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,14 +50,15 @@ Stat = tuple[int, int, int, int]
 
 QUIET_DIRS = (
     "/etc", "/etc/tenantnet", "/etc/tenantnet/resolv.d", "/etc/kubernetes/cni/net.d",
-    "/etc/kubernetes/cni/net.d/ovs.d", "/etc/cron.d", "/root", "/var/log", "/run/k8s.cni.cncf.io",
+    "/etc/kubernetes/cni/net.d/ovs.d", "/etc/cron.d", "/root", "/run/k8s.cni.cncf.io",
     "/run/k8s.cni.cncf.io/devinfo", "/dev/shm",
 )
-# /var/lib/cni is libcni's cache (podman and containerd runs on the machine write results there);
-# /var/lib/tenantnet is the default state directory of tenantnet runs with a default node config
-# (/var/log/tenantnet, their log, is tenantnet's own and not watched at all).
-BUSY_DIRS = ("/", "/tmp", "/run", "/run/netns", "/run/tenantnet", "/var/lib", "/var/lib/cni",
-             "/var/lib/cni/networks", "/var/lib/tenantnet", "/var/lib/tenantnet/ipam")
+# /var/lib (libcni's cache, tenantnet's default state and IPAM store) and /var/log are not
+# here: the process under test sees them through PrivateWrites, whose upper layers are watched.
+BUSY_DIRS = ("/", "/tmp", "/run", "/run/netns", "/run/tenantnet")
+# tenantnet's own default log directory: a delegated exec without the lab's node config (the
+# ipam.type cases) logs there, as tenantnet does on any node; not a finding.
+TENANTNET_LOG_DIR = "/var/log/tenantnet"
 
 
 def _real(path: str) -> str:
@@ -72,8 +80,11 @@ class Watch:
 class FsWatcher:
     def __init__(self, token: str, *, quiet: Iterable[str] = QUIET_DIRS, busy: Iterable[str] = BUSY_DIRS,
                  extra_full: Iterable[str] = (), extra_busy: Iterable[str] = (),
-                 exclude: Iterable[str] = ()) -> None:
+                 exclude: Iterable[str] = (), private: Iterable[PrivateWrites] = ()) -> None:
         self.token = token
+        self.private = tuple(private)
+        self._uppers = tuple(u for pw in self.private for u in pw.uppers())
+        self._under_private = tuple(d for pw in self.private for d in pw.layers)
         self.quiet = {_real(d) for d in quiet} | {_real(d) for d in extra_full}
         self.busy = {_real(d) for d in busy} | {_real(d) for d in extra_busy}
         self.exclude = tuple(_real(e) for e in exclude)
@@ -104,16 +115,29 @@ class FsWatcher:
                     pass
         return {p for p in out if p.startswith("/") and not p.startswith(("/proc/", "/sys/"))}
 
+    def upper(self, path: str) -> bool:
+        """Is `path` in an upper layer of PrivateWrites (so the process under test's doing)?"""
+        return any(path == u or path.startswith(u + "/") for u in self._uppers)
+
+    def show(self, path: str) -> str:
+        for pw in self.private:
+            shown = pw.show(path)
+            if shown != path:
+                return f"{shown} (in the overlay's upper layer {path})"
+        return path
+
     def plan(self, named: Iterable[str], cwds: Iterable[str]) -> Watch:
         watch = Watch(full={d for d in self.quiet if os.path.isdir(d)})
+        for pw in self.private:
+            watch.full |= pw.directories()
         for d in self.busy:
             if os.path.isdir(d):
                 watch.targeted.setdefault(d, set())
         for value in named:
             for p in self.candidates(value, cwds):
                 watch.named.add(p)
-                if p == "/":
-                    continue
+                if p == "/" or any(p == d or p.startswith(d + "/") for d in self._under_private):
+                    continue  # below a private directory: its upper layer is watched whole
                 if os.path.isdir(p) and not os.path.islink(p) and p not in watch.full:
                     # A directory a case names (a dataDir): what an IPAM plugin would put in it.
                     watch.target(p, "ipam")
@@ -130,6 +154,9 @@ class FsWatcher:
 
     # ---- looking -----------------------------------------------------------------------------
     def _excluded(self, path: str, watch: Watch) -> bool:
+        if self.upper(path):
+            shown = next((pw.show(path) for pw in self.private if pw.show(path) != path), path)
+            return shown == TENANTNET_LOG_DIR or shown.startswith(TENANTNET_LOG_DIR + "/")
         return (path in self.exclude or path.startswith(self._exclude_under)) and path not in watch.named
 
     def _wanted(self, directory: str, name: str, watch: Watch) -> bool:
@@ -168,19 +195,21 @@ class FsWatcher:
         """An entry of another test run on the machine (other suites attack /etc and /tmp with
         names of their own): its name carries a random hex tag that is neither our token nor
         one of this case's ids. Everything this suite makes a plugin write carries our token."""
+        if self.upper(path):
+            return False  # only the process under test writes there
         ours = tuple(m for m in (self.token, *mine) if len(m) >= 6)
         runs = _HEX_RUN.findall(os.path.basename(path))
         return bool(runs) and all(not any(r in m or m in r for m in ours) for r in runs)
 
     def diff(self, before: dict[str, Stat], after: dict[str, Stat], mine: Iterable[str] = ()) -> list[str]:
         mine = tuple(mine)
-        out = [f"created {p}" for p in sorted(after.keys() - before.keys()) if not self.foreign(p, mine)]
-        out += [f"removed {p}" for p in sorted(before.keys() - after.keys()) if not self.foreign(p, mine)]
+        out = [f"created {self.show(p)}" for p in sorted(after.keys() - before.keys()) if not self.foreign(p, mine)]
+        out += [f"removed {self.show(p)}" for p in sorted(before.keys() - after.keys()) if not self.foreign(p, mine)]
         for p in sorted(before.keys() & after.keys()):
             b, a = before[p], after[p]
             if b != a and not self.foreign(p, mine):
                 what = [n for n, x, y in zip(("inode", "size", "mtime", "mode"), b, a, strict=True) if x != y]
-                out.append(f"changed {p} ({', '.join(what)})")
+                out.append(f"changed {self.show(p)} ({', '.join(what)})")
         return out
 
     def begin(self, watch: Watch) -> Session:
@@ -229,7 +258,7 @@ class FsWatcher:
             for bit, word in _EVENT_WORDS:
                 if mask & bit and (word, path) not in seen:
                     seen.add((word, path))
-                    out.append(f"inotify: {word} {path}")
+                    out.append(f"inotify: {word} {self.show(path)}")
         return out
 
     def undo_created(self, session: Session) -> list[str]:
@@ -240,7 +269,8 @@ class FsWatcher:
         removed = []
         for p in sorted(after.keys() - before.keys()):
             name = os.path.basename(p)
-            if not (self.token in name or p in watch.named or any(name.startswith(b) for b in named_base if b)):
+            if not (self.token in name or p in watch.named or any(name.startswith(b) for b in named_base if b)
+                    or self.upper(p)):
                 continue
             try:
                 if os.path.isdir(p) and not os.path.islink(p):
@@ -259,6 +289,175 @@ class Session:
     before: dict[str, Stat]
     inotify: Inotify
     after: dict[str, Stat] = field(default_factory=dict)
+
+
+# ---- the busy host directories, seen through an overlay of the test's own ----------------------------
+
+CLONE_NEWNS = 0x00020000
+MS_BIND, MS_REC, MS_SLAVE = 0x1000, 0x4000, 1 << 19
+PRIVATE_DIRS = ("/var/lib", "/var/log")
+
+
+class PrivateWrites:
+    """Host directories that every run on the machine writes into (`/var/lib`: libcni's
+    cache, tenantnet's default state and IPAM store; `/var/log`), as the process under test
+    sees them: an overlay whose lower layer is the real directory and whose upper layer is a
+    directory this test owns, in a mount namespace of the process's own. The process reads
+    the real files, and whatever it creates, writes, re-modes or removes there lands in the
+    upper layer (a removal as a whiteout) and nowhere else; what other processes write stays
+    in the real directory, which the process still sees. So the upper layers hold exactly what
+    the process under test (and its children, which inherit the namespace) did there: a
+    watcher compares them whole and attributes every change to it, while the real
+    directories are not watched at all.
+
+    `enter()` puts the calling thread in such a namespace (in a child between fork and
+    exec: `preexec_fn`; in a worker thread: what it and the threads it starts do); `wrap(argv)`
+    is the same for a command started through util-linux's unshare (the agent). Our mounts
+    never propagate back: the namespace's mounts are made slaves of the host's (a netns the
+    host mounts later under /run/netns is still seen)."""
+
+    def __init__(self, root: Path, dirs: Iterable[str] = PRIVATE_DIRS) -> None:
+        self.layers: dict[str, tuple[Path, Path]] = {}  # host directory -> (upper, work)
+        for d in dirs:
+            if not os.path.isdir(d) or os.path.islink(d):
+                continue
+            key = d.strip("/").replace("/", "-")
+            upper, work = root / f"{key}-upper", root / f"{key}-work"
+            upper.mkdir(parents=True, exist_ok=True, mode=0o755)
+            work.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self.layers[d] = (upper, work)
+
+    def _options(self, d: str) -> str:
+        upper, work = self.layers[d]
+        # index=off: one upper layer serves one mount after another (an exec each)
+        return f"lowerdir={d},upperdir={upper},workdir={work},index=off"
+
+    def enter(self) -> None:
+        if _libc.unshare(CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+        if _libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None) != 0:
+            raise OSError(ctypes.get_errno(), "mount --make-rslave /")
+        for d in self.layers:
+            if _libc.mount(b"overlay", d.encode(), b"overlay", 0, self._options(d).encode()) != 0:
+                raise OSError(ctypes.get_errno(), f"mount overlay on {d}")
+
+    def wrap(self, argv: list[str]) -> list[str]:
+        mounts = " && ".join(f"mount -t overlay overlay -o {self._options(d)} {d}" for d in self.layers)
+        return ["unshare", "--mount", "--propagation", "slave", "sh", "-c", f'{mounts or ":"} && exec "$@"',
+                "sh", *argv]
+
+    def uppers(self) -> dict[str, str]:
+        """upper layer -> the host directory it stands for."""
+        return {str(upper): d for d, (upper, _) in self.layers.items()}
+
+    def show(self, path: str) -> str:
+        """A path of an upper layer as the process under test wrote it."""
+        for upper, d in self.uppers().items():
+            if path == upper or path.startswith(upper + "/"):
+                return d + path[len(upper):]
+        return path
+
+    def tree(self) -> dict[str, Stat]:
+        """Everything in the upper layers: what the process under test did in the host directories."""
+        out: dict[str, Stat] = {}
+        for upper in self.uppers():
+            for base, dirs, files in os.walk(upper):
+                for name in dirs + files:
+                    path = os.path.join(base, name)
+                    try:
+                        st = os.lstat(path)
+                    except FileNotFoundError:
+                        continue
+                    out[path] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+        return out
+
+    def directories(self) -> set[str]:
+        """The upper layers and every directory in them (for inotify and the stat snapshot)."""
+        out = set(self.uppers())
+        for upper in self.uppers():
+            out |= {os.path.join(base, n) for base, dirs, _ in os.walk(upper) for n in dirs}
+        return out
+
+
+def stand_ins(binds: dict[str, str]) -> Callable[[], None]:
+    """For `preexec_fn`: the child gets a mount namespace of its own in which each host file
+    `target` is the test's file `binds[target]` (a bind mount; our mounts never propagate
+    back). A watch on the test's file then sees the process under test (and its children)
+    reach `target`, and no other process on the machine: say /etc/shadow, which other
+    work opens all the time."""
+
+    def enter() -> None:
+        if _libc.unshare(CLONE_NEWNS) != 0:
+            raise OSError(ctypes.get_errno(), "unshare(CLONE_NEWNS)")
+        if _libc.mount(b"none", b"/", None, MS_REC | MS_SLAVE, None) != 0:
+            raise OSError(ctypes.get_errno(), "mount --make-rslave /")
+        for target, source in binds.items():
+            if _libc.mount(source.encode(), target.encode(), None, MS_BIND, None) != 0:
+                raise OSError(ctypes.get_errno(), f"mount --bind {source} {target}")
+
+    return enter
+
+
+class OtherWork:
+    """What other runs on the machine do while a test watches, made by the test itself to show
+    that its watchers ignore it: libcni's result cache and another node's IPAM store under
+    /var/lib, another node's log under /var/log, a Linux bridge, and a veth pair named like
+    another attachment's host veth (`tn` + 11 hex digits). Names carry no hex tag (the old
+    watchers' way of telling another run's names apart), so only attribution can ignore
+    them. `start()` makes them (and one file it removes again at once), `stop()` removes
+    them and any directory it had to make for them."""
+
+    def __init__(self) -> None:
+        letters = "".join(random.choice("ghijklmnopqrstuvwxyz") for _ in range(8))
+        self.files = [f"/var/lib/cni/results/othernet-{letters}-eth0", f"/var/lib/tenantnet/ipam/{letters}/ipam.db-shm",
+                      f"/var/log/tenantnet/other-{letters}.log"]
+        self.churn = f"/var/lib/cni/results/othernet-{letters}-gone"
+        self.links = {"bridge": f"brx{letters[:8]}", "veth": "tn" + uuid.uuid4().hex[:11]}
+        self.made_dirs: list[str] = []
+
+    def _dirs_for(self, path: str) -> None:
+        missing = []
+        d = os.path.dirname(path)
+        while not os.path.isdir(d):
+            missing.append(d)
+            d = os.path.dirname(d)
+        for d in reversed(missing):
+            os.mkdir(d, 0o755)
+            self.made_dirs.append(d)
+
+    def start(self) -> None:
+        for path in [*self.files, self.churn]:
+            self._dirs_for(path)
+            with open(path, "w") as fh:
+                fh.write("another run's\n")
+        os.unlink(self.churn)
+        subprocess.run(["ip", "link", "add", self.links["bridge"], "type", "bridge"], check=True, capture_output=True)
+        subprocess.run(["ip", "link", "add", self.links["veth"], "type", "veth", "peer", "name",
+                        self.links["bridge"] + "p"], check=True, capture_output=True)
+        subprocess.run(["ip", "link", "set", self.links["veth"], "alias", "tenantnet:0123456789abcdef:other/eth1"],
+                       check=True, capture_output=True)
+
+    def stop(self) -> None:
+        for name in self.links.values():
+            subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
+        for path in self.files:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        for d in reversed(self.made_dirs):
+            try:
+                os.rmdir(d)
+            except OSError:
+                pass  # someone else put something there meanwhile: theirs now
+        self.made_dirs.clear()
+
+    def __enter__(self) -> OtherWork:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 # ---- inotify (ctypes: the standard library has no binding) -----------------------------------------
@@ -404,32 +603,26 @@ def node_state(lab: Any, netns: str, own_ipam_dir: Path, nic: bool = False) -> N
                      pod_links=netns_links(netns), vfs=vfs)
 
 
-_OTHER_ATTACHMENT = re.compile(r"tn[0-9a-f]{11}")
 _LAB_LINK = re.compile(r"[a-z]([0-9a-f]{5})[a-z]")  # a lab's simulated NIC: t<tag>v0, e<tag>av0-esw, …
 
 
 def state_diff(before: NodeState, after: NodeState, *, ours: set[str], container_id: str,
                lab_tags: set[str]) -> list[str]:
-    """What one call left behind or took away. Host links are a set diff of `ip -j link`, less
-    the links other test runs on the machine make and remove meanwhile: attachment veths
-    (`tn` + 11 hex, or marked in their alias) that are neither this call's name nor carry
-    its container id, the simulated NICs of other labs (named after their lab's hash), and
-    links named with a random hex tag that is none of ours."""
+    """What one call left behind or took away. Host links are a set diff of `ip -j link`
+    limited to the links this call can own — other runs on the machine make and remove links
+    (attachment veths, bridges, their labs' NICs) all the time: the names it was given or
+    derives (`ours`: the host veth of its container id and ifname, the ifname itself), a link
+    whose alias carries its container id (tenantnet's ownership mark), and the links of our
+    labs' simulated NICs (named after their lab's hash, in `lab_tags`). A link of the pod
+    namespace is compared whole (`pod_links`), and the whole-node snapshot
+    (tests/integration/nodestate.py) looks at links by peer and mark."""
     out = []
-
-    mine = tuple(x for x in (container_id, *lab_tags) if len(x) >= 5)
 
     def foreign(name: str, alias: str) -> bool:
         if name in ours or (container_id and container_id in alias):
             return False
-        if _OTHER_ATTACHMENT.fullmatch(name) or alias.startswith("tenantnet:"):
-            return True
         m = _LAB_LINK.match(name)
-        if m:
-            return m.group(1) not in lab_tags
-        # Other suites name their links with random hex tags of their own.
-        runs = _HEX_RUN.findall(name)
-        return bool(runs) and all(not any(r in x or x in r for x in mine) for r in runs)
+        return not (m and m.group(1) in lab_tags)
 
     added = {n: a for n, a in after.host_links.items() if n not in before.host_links}
     gone = {n: a for n, a in before.host_links.items() if n not in after.host_links}

@@ -5,8 +5,8 @@ can leave on a lab node, without knowing which names to expect:
 
 - **ovs**: every Port row (name, bridge, external_ids, tag, trunks, vlan_mode) and every
   Interface row (name, type, external_ids) of the lab's OVSDB — one `ovs-vsctl` exec;
-- **host_links**: every link of the host namespace (name, alias, MTU, up) except those that
-  provably belong to something else on the machine (below);
+- **host_links**: the links of the host namespace (name, alias, MTU, up) that the code under
+  test can have made or touched (below);
 - **netns**: every link in the given pod namespaces (name, alias, MAC, MTU, up, addresses);
 - **vfs**: every VF of every PF of the lab's simulated NIC: its PF-side state as the lab VF
   control reports it (admin MAC, VLAN/QoS/proto, spoofchk, trust, link state, rates) and its
@@ -27,14 +27,21 @@ can leave on a lab node, without knowing which names to expect:
 
 `diff(before, after)` is "" when they are equal, else one readable line per difference.
 
-Other test runs share this machine (each with its own lab), so host links that are provably
-someone else's are left out: a veth whose peer is in a network namespace that is not one of
-the snapshot's `netns` (a pod of another run: a pod of ours is passed in, and a veth dies
-with its namespace), and a link whose lower or peer link is in the host too when neither of
-the two is one of the links this lab's simulated NIC is made of (another lab's NIC: its VF
-netdevs, embedded-switch peers, representors, PF and uplink are veth pairs in the host).
-Every other link is kept, whatever its name: lo, eth0, a leaked veth, a VF netdev returned
-under a wrong name.
+Other test runs share this machine (each with its own lab, pods, bridges and veths), so a
+host link is kept only when the code under test can have made or touched it:
+
+- a link this lab's simulated NIC is made of (its VF netdevs, embedded-switch peers,
+  representors, PF and uplink: veth pairs in the host), or one whose peer or lower link is
+  one of those (a VF netdev returned under a wrong name, a VLAN on the PF);
+- a link whose peer is in one of the snapshot's `netns` (a pod of ours; a veth dies with its
+  namespace, so one whose peer is in another namespace is another run's pod);
+- a link without peer or lower link that tenantnet marks as its own: the `tenantnet:`
+  ownership mark in its alias, or an attachment's host name (`tn` + 11 hex digits);
+- the loopback and hardware devices (lo, eth0: nobody else's test creates those);
+- a link the caller names (`names`: say the link names a hostile input asked for).
+
+Everything else — another run's bridge, dummy or veth pair, whatever its name — is not this
+lab's doing and is left out, so that it can come and go while a test runs.
 
 A snapshot costs one ovs-vsctl, one `ip` per namespace (two per pod namespace) and a scan
 of /proc: ≈ 30-60 ms.
@@ -44,6 +51,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sqlite3
 import stat
 import subprocess
@@ -131,9 +139,18 @@ def lab_link_names(lab: Any) -> set[str]:
     return names
 
 
-def host_links(lab: Any, ours: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+_ATTACHMENT_LINK = re.compile(r"tn[0-9a-f]{11}")
+MARK_PREFIX = "tenantnet:"  # tenantnet.plugin.drivers.base.MARK_PREFIX, restated
+
+
+def _hardware(d: Mapping[str, Any]) -> bool:
+    return "LOOPBACK" in d.get("flags", []) or os.path.exists(f"/sys/class/net/{d['ifname']}/device")
+
+
+def host_links(lab: Any, ours: Iterable[str] = (),
+               names: Iterable[str] = ()) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
     """(links kept in the snapshot, every host link's raw `ip -j link` entry by name)."""
-    ours = set(ours)
+    ours, names = set(ours), set(names)
     nsids = None
     lab_links = lab_link_names(lab)
     raw_list = _ip_json("link", "show")
@@ -143,8 +160,8 @@ def host_links(lab: Any, ours: Iterable[str] = ()) -> tuple[dict[str, Any], dict
     for d in raw_list:
         name = d["ifname"]
         raw[name] = d
-        if name in lab_links:
-            pass  # the lab's own: always compared
+        if name in lab_links or name in names:
+            pass  # the lab's own, or named by the caller: always compared
         elif "link_netnsid" in d:
             if nsids is None:
                 nsids = _netns_ids()
@@ -155,6 +172,9 @@ def host_links(lab: Any, ours: Iterable[str] = ()) -> tuple[dict[str, Any], dict
             other = d.get("link") or by_index.get(d.get("link_index"))
             if other and not {name, other} & lab_links:
                 continue  # both ends in the host and neither is our lab's: another lab's NIC
+            if not other and not (d.get("ifalias", "").startswith(MARK_PREFIX)
+                                  or _ATTACHMENT_LINK.fullmatch(name) or _hardware(d)):
+                continue  # unmarked, on its own: another run's bridge, dummy, …
         kept[name] = _link(d)
     return kept, raw
 
@@ -343,14 +363,15 @@ def rdma_state(lab: Any) -> dict[str, Any]:
 
 # ---- the snapshot ---------------------------------------------------------------------------
 
-def snapshot(lab: Any, netns: Iterable[Any] = ()) -> dict[str, Any]:
+def snapshot(lab: Any, netns: Iterable[Any] = (), links: Iterable[str] = ()) -> dict[str, Any]:
     """The whole node state of `lab` (see the module docstring); `netns`: pod namespaces
-    (conftest's Netns, a /run/netns path, or a name) whose links are part of it."""
+    (conftest's Netns, a /run/netns path, or a name) whose links are part of it; `links`:
+    host link names compared whatever they are."""
     names = [_ns_name(ns) for ns in netns]
-    links, raw = host_links(lab, names)
+    host, raw = host_links(lab, names, links)
     return {
         "ovs": ovs_rows(lab),
-        "host_links": links,
+        "host_links": host,
         "netns": {n: netns_links(n) for n in names},
         "vfs": vf_state(lab, raw),
         "rdma": rdma_state(lab),

@@ -8,11 +8,16 @@ the field; no traceback; at most two lines on stderr; within a bounded time (a F
 
 - no file created, changed, removed — or created and removed again, or a decoy opened —
   outside tenantnet's own directories (hostile_support.FsWatcher, stat snapshots plus
-  inotify: /etc, /root, /var/log, /dev/shm … compared whole; /, /tmp, /run, /var/lib, the
-  working directories and the nearest existing ancestor of every path the case names, by the
-  names the case uses and the suite's token);
-- no OVS port, host link, pod link, attachment record (or `*.json.tmp.*`), host-local
-  allocation, tenantnet-ipam row or simulated VF state changed (hostile_support.node_state);
+  inotify: /var/lib and /var/log through an overlay of the suite's own that every exec and
+  the agent see them through, whose upper layers hold exactly what they wrote there; /etc,
+  /root, /dev/shm … compared whole; /, /tmp, /run, the working directories and the nearest
+  existing ancestor of every path the case names, by the names the case uses and the
+  suite's token);
+- no OVS port, pod link, attachment record (or `*.json.tmp.*`), host-local allocation,
+  tenantnet-ipam row or simulated VF state changed, and no host link the call can own
+  (its names, its container id's mark, our labs' NICs) (hostile_support.node_state);
+  other runs' links, bridges and files on the machine are not counted
+  (test_watchers_count_the_calls_doing_and_nothing_else shows both sides);
 - no process left running (the in-process exec's process group; the agent's children), and
   an agent that is still alive, idle, and has served the request itself.
 
@@ -47,6 +52,7 @@ import shutil
 import signal
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -390,9 +396,9 @@ DATADIRS = {
 }
 each("ipam.dataDir", "ipam.dataDir", 7, "ipam.dataDir",
      {k: v.replace("@DATA@", "@HOSTLOCAL@") if isinstance(v, str) else v for k, v in DATADIRS.items()})
-# Omitted, the plugin's default (/var/lib/cni/networks, /var/lib/tenantnet/ipam) must be allowed.
+# Omitted, the plugin's default must be allowed: host-local's /var/lib/cni/networks is not on the
+# lab node (its lists replace the defaults); tenantnet-ipam's is the node's ipamDataDir, inside them.
 case("ipam.dataDir", "omitted-default-not-allowed", 7, "dataDir", conf={"ipam.dataDir": DELETE})
-case("ipam.dataDir-own", "omitted-default-not-allowed", 7, "dataDir", conf={"ipam.dataDir": DELETE}, base="own")
 each("ipam.dataDir-own", "ipam.dataDir", 7, "ipam.dataDir",
      {k: DATADIRS[k].replace("@DATA@", "@IPAM@") for k in (
          "etc-new", "root-new", "tmp-new", "etc", "default-cni-networks", "outside-existing-dir", "relative",
@@ -651,12 +657,14 @@ def _populate(ctx: LabCtx) -> None:
 class AgentHolder:
     """The module's agent: one process, stopped by its pid; restarted if a case kills it."""
 
-    def __init__(self, node: Path) -> None:
+    def __init__(self, node: Path, view: hs.PrivateWrites) -> None:
         self.node = node
+        self.view = view
         self.agent: AgentProcess | None = None
 
     def start(self) -> None:
-        self.agent = start_agent(self.node)
+        argv = [sys.executable, "-m", "tenantnet.entry.agentctl", "--node-config", str(self.node), "run"]
+        self.agent = start_agent(self.node, command=self.view.wrap(argv))
         with open(f"/proc/{self.agent.proc.pid}/status") as fh:
             vm = next(int(line.split()[1]) for line in fh if line.startswith("VmSize:"))
         limit = vm * 1024 + MEM_LIMIT
@@ -716,6 +724,7 @@ class Hostile:
     values: dict[str, str]
     fs: hs.FsWatcher
     agent: AgentHolder
+    view: hs.PrivateWrites  # how every exec of the plugin sees /var/lib and /var/log
     run_dir: Path
     labs: dict[str, LabCtx] = field(default_factory=dict)
     cached: dict[str, hs.NodeState] = field(default_factory=dict)
@@ -762,7 +771,8 @@ def hx(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
     netns = f"tnt-hx-{token}"
     hostns = f"tnt-hxhost-{token}"
     made: list[str] = []
-    holder = AgentHolder(agent_node_config(lab, run_dir))
+    views = [hs.PrivateWrites(scratch / "private-inproc"), hs.PrivateWrites(scratch / "private-agent")]
+    holder = AgentHolder(agent_node_config(lab, run_dir), views[1])
     h: Hostile | None = None
     try:
         decoys = {"DECOY_ETC": f"/etc/tnhx-{token}-decoy", "DECOY_ROOT": f"/root/tnhx-{token}-decoy",
@@ -791,9 +801,9 @@ def hx(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
                   "EVIL_CNI_PATH": f"{scratch / 'bin'}:{BIN}:{GO_PLUGINS}"}
         holder.start()
         fs = hs.FsWatcher(token, extra_full=[str(scratch / "cwd"), decoys["DDIR"]], extra_busy=[os.getcwd()],
-                          exclude=[str(tmp_path_factory.getbasetemp()), str(run_dir)])
+                          exclude=[str(tmp_path_factory.getbasetemp()), str(run_dir)], private=views)
         h = Hostile(token=token, net=f"tnhx{token}", scratch=scratch, netns=netns, values=values, fs=fs,
-                    agent=holder, run_dir=run_dir)
+                    agent=holder, view=views[0], run_dir=run_dir)
         h.ctx("lab", lab)
         yield h
     finally:
@@ -874,10 +884,18 @@ class Outcome:
     seconds: float
 
 
-def execute(env: dict[str, str], stdin: bytes, cwd: str, timeout: float) -> Outcome:
+def execute(env: dict[str, str], stdin: bytes, cwd: str, timeout: float, view: hs.PrivateWrites,
+            argv: list[str] | None = None) -> Outcome:
+    """One exec of the plugin (or of `argv`) in a session of its own, bounded, seeing
+    /var/lib and /var/log through `view`."""
+
+    def prepare() -> None:
+        _limits()
+        view.enter()
+
     started = time.monotonic()
-    proc = subprocess.Popen([PLUGIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=env, cwd=cwd, start_new_session=True, preexec_fn=_limits)
+    proc = subprocess.Popen(argv or [PLUGIN], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=env, cwd=cwd, start_new_session=True, preexec_fn=prepare)
     timed_out = False
     try:
         out, err = proc.communicate(stdin, timeout=timeout)
@@ -948,7 +966,7 @@ def cleanup(h: Hostile, ctx: LabCtx, env: dict[str, str], conf: dict[str, Any], 
             del_env[key] = env[key]
     del_env["CNI_NETNS"] = ""
     for doc in (conf, base):
-        execute(del_env, json.dumps(doc).encode(), str(h.scratch / "cwd"), 30)
+        execute(del_env, json.dumps(doc).encode(), str(h.scratch / "cwd"), 30, h.view)
     after = ctx.state(h.netns)
     for port in after.owned_ports - before.owned_ports:
         ctx.lab.vsctl("--if-exists", "del-port", port)
@@ -999,7 +1017,7 @@ def test_base_config_is_accepted(hx: Hostile, control: str, way: str, request: p
     h.cached.pop(c.lab, None)
     h.node_cached.pop(c.lab, None)
     env = base_env(h, ctx, way, c.command, cid)
-    out = execute(env, json.dumps(conf).encode(), str(h.scratch / "cwd"), 30)
+    out = execute(env, json.dumps(conf).encode(), str(h.scratch / "cwd"), 30, h.view)
     try:
         assert out.code == 0, out.stdout + out.stderr
         if c.command == "ADD":
@@ -1007,14 +1025,14 @@ def test_base_config_is_accepted(hx: Hostile, control: str, way: str, request: p
             if base_name == "ovs":
                 check = {**conf, "prevResult": result}
                 got = execute(base_env(h, ctx, way, "CHECK", cid), json.dumps(check).encode(),
-                              str(h.scratch / "cwd"), 30)
+                              str(h.scratch / "cwd"), 30, h.view)
                 assert got.code == 0, got.stdout + got.stderr
             if "runtimeConfig.CNIDeviceInfoFile" in changes:
                 assert Path(conf["runtimeConfig"]["CNIDeviceInfoFile"]).is_file()
     finally:
         if c.command == "ADD":
             got = execute({**base_env(h, ctx, way, "DEL", cid), "CNI_NETNS": ""}, json.dumps(conf).encode(),
-                          str(h.scratch / "cwd"), 30)
+                          str(h.scratch / "cwd"), 30, h.view)
             assert got.code == 0, got.stdout + got.stderr
         if "logFile" in changes:
             Path(conf["logFile"]).unlink(missing_ok=True)
@@ -1058,7 +1076,7 @@ def test_hostile(hx: Hostile, c: Case, way: str, request: pytest.FixtureRequest)
     whole_before = h.node_cached.pop(c.lab, None) or nodestate.snapshot(ctx.lab)
     served = h.agent.served() if way == "agent" else 0
     session = h.fs.begin(watch)
-    out = execute(env, stdin, cwds[0], INPROC_TIMEOUT if way == "inproc" else AGENT_TIMEOUT + 4)
+    out = execute(env, stdin, cwds[0], INPROC_TIMEOUT if way == "inproc" else AGENT_TIMEOUT + 4, h.view)
     hs.release_fifos(watch.named)
     problems = judge(c, out)
     if way == "agent":
@@ -1120,7 +1138,7 @@ def test_host_veth_carries_the_ownership_mark(hx: Hostile, lab: Lab) -> None:
     cid = new_cid()
     conf = fill(base_conf(Case("mark", 0, ("",)), ctx, h), ctx.values)
     env = base_env(h, ctx, "inproc", "ADD", cid)
-    out = execute(env, json.dumps(conf).encode(), str(h.scratch / "cwd"), 30)
+    out = execute(env, json.dumps(conf).encode(), str(h.scratch / "cwd"), 30, h.view)
     h.cached.pop("lab", None)
     h.node_cached.pop("lab", None)
     try:
@@ -1129,5 +1147,77 @@ def test_host_veth_carries_the_ownership_mark(hx: Hostile, lab: Lab) -> None:
         assert alias is not None and cid in alias, f"host veth alias {alias!r} carries no mark of {cid}"
     finally:
         got = execute({**base_env(h, ctx, "inproc", "DEL", cid), "CNI_NETNS": ""}, json.dumps(conf).encode(),
-                      str(h.scratch / "cwd"), 30)
+                      str(h.scratch / "cwd"), 30, h.view)
         assert got.code == 0, got.stdout + got.stderr
+
+
+def test_watchers_count_the_calls_doing_and_nothing_else(hx: Hostile, lab: Lab) -> None:
+    """The watchers attribute (issue 26). Other work on the machine while a call is watched —
+    another run's files under /var/lib and /var/log (libcni's results, an IPAM store, a log),
+    a Linux bridge, a veth named like an attachment's host veth, each without a hex tag — is
+    not reported. What the process under test does is, whatever the name: a file an exec
+    under the plugin's view writes into /var/lib/tenantnet/ipam (where other tenantnet runs
+    write too), and the host veth of an ADD left without its DEL (its peer is in our pod
+    namespace)."""
+    from tenantnet.plugin.drivers.ovs import host_ifname
+
+    h = hx
+    ctx = h.ctx("lab", lab)
+    h.cached.pop("lab", None)
+    h.node_cached.pop("lab", None)
+    cid = new_cid()
+    conf = json.dumps(fill(base_conf(Case("watch", 0, ("",)), ctx, h), ctx.values)).encode()
+    cwd = str(h.scratch / "cwd")
+    lab_tags = {_lab_tag(x.lab.root) for x in h.labs.values()}
+
+    def observe(run: Callable[[], None]) -> tuple[hs.Session, list[str]]:
+        before, whole = ctx.state(h.netns), nodestate.snapshot(ctx.lab, [h.netns])
+        session = h.fs.begin(h.fs.plan([], [cwd]))
+        run()
+        found = [f"filesystem: {x}" for x in h.fs.end(session, mine=(cid,))]
+        found += [f"node: {x}" for x in hs.state_diff(before, ctx.state(h.netns), ours={host_ifname(cid, "net1")},
+                                                     container_id=cid, lab_tags=lab_tags)]
+        whole_changed = nodestate.diff(whole, nodestate.snapshot(ctx.lab, [h.netns]))
+        return session, found + ([f"node state (nodestate):\n{whole_changed}"] if whole_changed else [])
+
+    def add(c: str) -> None:
+        out = execute(base_env(h, ctx, "inproc", "ADD", c), conf, cwd, 30, h.view)
+        assert out.code == 0, out.stdout + out.stderr
+
+    def delete(c: str) -> None:
+        out = execute({**base_env(h, ctx, "inproc", "DEL", c), "CNI_NETNS": ""}, conf, cwd, 30, h.view)
+        assert out.code == 0, out.stdout + out.stderr
+
+    # An ADD brings the pod's lo up, and it stays up: up before, so that the snapshots agree.
+    subprocess.run(["ip", "-n", h.netns, "link", "set", "lo", "up"], check=True, capture_output=True)
+    other = hs.OtherWork()
+
+    def add_and_delete_meanwhile() -> None:
+        other.start()  # removed after the call's watchers have looked
+        add(cid)
+        delete(cid)
+
+    try:
+        _, found = observe(add_and_delete_meanwhile)
+    finally:
+        other.stop()
+    assert found == [], "other work was counted as the call's:\n  " + "\n  ".join(found)
+
+    def leak() -> None:
+        script = "mkdir -p /var/lib/tenantnet/ipam && echo leak > /var/lib/tenantnet/ipam/ipam.db-shm"
+        assert execute({"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, b"", cwd, 30, h.view,
+                       argv=["sh", "-c", script]).code == 0
+
+    session, found = observe(leak)
+    h.fs.undo_created(session)
+    assert any(x.startswith("filesystem: created /var/lib/tenantnet (in the overlay") for x in found), found
+    assert not os.path.exists("/var/lib/tenantnet/ipam/ipam.db-shm") or \
+        Path("/var/lib/tenantnet/ipam/ipam.db-shm").read_bytes() != b"leak\n"  # it reached only the overlay
+
+    try:
+        _, found = observe(lambda: add(cid))
+        text = "\n".join(found)
+        assert f"node: host link {host_ifname(cid, 'net1')} appeared" in text, found
+        assert f"+ host_links.{host_ifname(cid, 'net1')}:" in text, found  # the whole-node snapshot too
+    finally:
+        delete(cid)
