@@ -12,9 +12,13 @@ fresh netns and then DEL with the same input, and checks:
   record or temp file under the state dir's attachments, no allocation in the lab's IPAM
   directories.
 - Nothing outside the lab's directories was created, changed or removed: /, /etc, /root,
-  /tmp, /var/log, /var/lib, /run and /dev/shm, the lab's parent directory, the lab's own
-  directory outside the places tenantnet may write, and the plugin's working directory are
-  snapshotted around every example. Nothing was written into a FIFO the config names; no
+  /tmp, /run and /dev/shm, the lab's parent directory, the lab's own directory outside the
+  places tenantnet may write, and the plugin's working directory are snapshotted around
+  every example. /var/lib and /var/log (libcni's cache, tenantnet's default state, IPAM
+  store and log: other runs on this machine write there all the time) are seen by the
+  plugin through an overlay whose upper layer is this file's own (hostile_support
+  .PrivateWrites, entered by the one worker thread every call runs on): whatever is in the
+  upper layers is the plugin's doing, whatever its name. Nothing was written into a FIFO the config names; no
   process outlived its call and no delegate ran another process.
 - An ADD that succeeded got past no constraint of the trust model (`refusals()` restates
   them independently of the code: logFile, logLevel, socket_file, configuration_path,
@@ -57,6 +61,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +74,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.integration.conftest import BIN, GO_PLUGINS, Lab, PluginRunner, new_cid
+from tests.integration.hostile_support import OtherWork, PrivateWrites
 from tests.unit.test_fuzz_decode import (
     HOSTILE,
     env_text,
@@ -495,8 +501,6 @@ def _not_ours(path: str) -> bool:
     """For host-wide directories: a path no input of this file (nor a tenantnet default) names."""
     if path.startswith(("/root/.claude", "/run/netns")):
         return True
-    if path in ("/var/lib/cni", "/var/lib/tenantnet") or path.startswith(("/var/lib/cni/", "/var/lib/tenantnet/")):
-        return False
     return MARK not in path and "tenantnet" not in path.lower()
 
 
@@ -700,6 +704,10 @@ class Fuzz:
     endpoints: set[str]
     tokens: dict[str, str]
     fifos: FifoService | None = None
+    # /var/lib and /var/log as the plugin sees them, and the one thread every call runs on
+    # (in the mount namespace with those overlays): fixture `fz` sets them up.
+    view: PrivateWrites | None = None
+    worker: ThreadPoolExecutor | None = None
     lab_internal: set[str] = field(default_factory=set)
     fifo_paths: set[str] = field(default_factory=set)
     netns: set[str] = field(default_factory=set)
@@ -727,10 +735,12 @@ class Fuzz:
         # Host-wide directories are shared with everyone (other test runs on this machine
         # write to /tmp, /root, …): there only paths a bug of ours can make count — every
         # path this file generates carries the marker, and tenantnet's defaults say so.
-        for tree, depth in (("/", 0), ("/etc", 64), ("/root", 2), ("/tmp", 0), ("/var/log", 64), ("/var/lib", 0),
-                            ("/var/lib/cni", 64), ("/var/lib/tenantnet", 64), ("/run", 0), ("/dev/shm", 64)):
+        # /var/lib and /var/log are not among them: the plugin writes there only into the
+        # upper layers of self.view, which are in self.root.
+        for tree, depth in (("/", 0), ("/etc", 64), ("/root", 2), ("/tmp", 0), ("/run", 0), ("/dev/shm", 64)):
             snap.update(snapshot_tree(tree, depth=depth, skip=_not_ours))
-        snap.update(snapshot_tree(str(self.root), depth=64, skip=lambda p: p in self.fifo_paths))
+        work = tuple(str(w) for _, w in self.view.layers.values()) if self.view else ()
+        snap.update(snapshot_tree(str(self.root), depth=64, skip=lambda p: p in self.fifo_paths or p in work))
         snap.update(snapshot_tree(str(self.lab.root.parent), depth=0, names_only=True,
                                   skip=lambda p: p in (lab_root, str(self.lab.hostlocal_dir))))
         snap.update(snapshot_tree(lab_root, depth=64, skip=in_lab_skip))
@@ -778,9 +788,10 @@ class Fuzz:
     def call(self, env: dict[str, str], stdin: bytes) -> Call:
         from tenantnet.entry.plugin import run_in_process
 
+        assert self.worker is not None
         started = time.monotonic()
         with ChildWatch() as watch:
-            code, text = run_in_process(env, stdin)
+            code, text = self.worker.submit(run_in_process, env, stdin).result()
         return Call(code, text, time.monotonic() - started, watch.problems)
 
     def scrub(self, cid: str, netns: str, before: dict[str, Any], after: dict[str, Any] | None) -> list[str]:
@@ -825,7 +836,9 @@ class Fuzz:
         return kept
 
     # -- one example ----------------------------------------------------------------------
-    def exercise(self, conf: dict[str, Any], cni_args: str) -> None:
+    def exercise(self, conf: dict[str, Any], cni_args: str, meanwhile: OtherWork | None = None) -> None:
+        """One example: ADD, DEL, the checks. `meanwhile`: other work done on the machine from
+        just after the first snapshot until the end (the watchers must not count it)."""
         conf = resolve(conf, self.tokens)
         cni_args = resolve(cni_args, self.tokens)
         stdin = json.dumps(conf).encode()
@@ -836,11 +849,15 @@ class Fuzz:
         after: dict[str, Any] | None = None
         try:
             before = self.state()
+            if meanwhile is not None:
+                meanwhile.start()
             add = self.call(self.env("ADD", cid, netns, cni_args), stdin)
             dele = self.call(self.env("DEL", cid, netns, cni_args), stdin)
             after = self.state()
             self.check(conf, cni_args, add, dele, before, after, cid)
         finally:
+            if meanwhile is not None:
+                meanwhile.stop()
             if before:
                 kept = self.scrub(cid, netns, before, after)
                 if kept:
@@ -904,7 +921,9 @@ def _changed_by_us(path: str, old: tuple[Any, ...] | None, fz: Fuzz, cid: str) -
     or the lab's directories, is; a host-wide tenantnet path (say /var/log/tenantnet/, which
     other runs on this machine write too) only if it is a regular file whose new bytes
     mention this example."""
-    if MARK in path or path.startswith((str(fz.root) + "/", str(fz.lab.root.parent) + "/")):
+    shown = fz.view.show(path) if fz.view else path  # a path of an upper layer: as the plugin wrote it
+    tenantnet_log = shown == "/var/log/tenantnet" or shown.startswith("/var/log/tenantnet/")
+    if MARK in path or (path.startswith((str(fz.root) + "/", str(fz.lab.root.parent) + "/")) and not tenantnet_log):
         return True
     try:
         if not stat.S_ISREG(os.lstat(path).st_mode):
@@ -1035,6 +1054,15 @@ def fz(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzz]:
     fzz.lab_internal = {e.path for e in os.scandir(lab.root) if not e.is_dir(follow_symlinks=False)}
     fzz.lab_internal |= {str(lab.root / n) for n in ("conf.db", ".conf.db.~lock~", "db.sock")}
     fzz.fifos = FifoService(write_fifos, read_fifos)
+    fzz.view = PrivateWrites(fuzz_root / "private")
+    view, cwd = fzz.view, fzz.cwd
+
+    def enter() -> None:
+        view.enter()
+        os.chdir(cwd)  # the namespace gave this thread a filesystem context of its own
+
+    fzz.worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="fuzz-plugin", initializer=enter)
+    fzz.worker.submit(lambda: None).result()  # mounted now, before any example's snapshot
     old_cwd, old_config = os.getcwd(), os.environ.get("TENANTNET_CONFIG")
     os.chdir(fzz.cwd)  # a relative path in a config lands here, where it is watched
     os.environ["TENANTNET_CONFIG"] = str(lab.node_config)  # config.load() reads the process env
@@ -1042,6 +1070,7 @@ def fz(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fuzz]:
     try:
         yield fzz
     finally:
+        fzz.worker.shutdown(wait=True)
         _set_subreaper(False)
         _stop_and_kill()
         _reap_orphans()
@@ -1083,6 +1112,50 @@ def test_harness_sees_what_it_should(fz):
         time.sleep(0.2)
     proc.wait(timeout=5)
     assert any("another process" in p for p in watch.problems), watch.problems
+
+
+def test_watchers_count_the_plugins_doing_and_nothing_else(fz):
+    """The watchers attribute: while an example runs, another run's files under /var/lib and
+    /var/log (libcni's results, an IPAM store, a log), a bridge and a veth named like an
+    attachment's are made in the host and no violation is found; a file the plugin's own
+    calls write there (on the worker thread every call runs on: the plugin's mount namespace)
+    is found, although its name carries no marker, and a host link marked with this
+    example's container id is too."""
+    other = OtherWork()
+    fz.exercise(base_conf(), DEFAULT_ARGS, meanwhile=other)
+    assert other.made_dirs == []  # what it made is gone again
+
+    assert fz.view is not None and fz.worker is not None
+    before = fz.files()
+    leak = "/var/lib/tenantnet/ipam/ipam.db-shm"
+
+    def write() -> None:
+        os.makedirs(os.path.dirname(leak), exist_ok=True)
+        with open(leak, "wb") as fh:
+            fh.write(b"written by the process under test")
+
+    fz.worker.submit(write).result()
+    upper = str(fz.view.layers["/var/lib"][0])
+    try:
+        new = set(fz.files()) - set(before)
+        assert f"{upper}/tenantnet" in new or f"{upper}/tenantnet/ipam/ipam.db-shm" in new, sorted(new)
+        assert not os.path.exists(leak) or os.path.getsize(leak) != len(b"written by the process under test")
+    finally:
+        shutil.rmtree(f"{upper}/tenantnet", ignore_errors=True)
+
+    from tenantnet.plugin.drivers.base import owner_mark
+
+    cid = new_cid()
+    links_before = {"links": Fuzz.links()}
+    name = "tnleak" + uuid.uuid4().hex[:6]
+    subprocess.run(["ip", "link", "add", name, "type", "veth", "peer", "name", name + "p"], check=True,
+                   capture_output=True)
+    try:
+        subprocess.run(["ip", "link", "set", name, "alias", owner_mark(NETWORK, cid, IFNAME)], check=True,
+                       capture_output=True)
+        assert Fuzz.new_links(links_before, {"links": Fuzz.links()}, cid) == {name}
+    finally:
+        subprocess.run(["ip", "link", "delete", name], capture_output=True, check=False)
 
 
 @settings(FUZZ, max_examples=100)
