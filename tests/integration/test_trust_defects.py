@@ -39,6 +39,7 @@ from tenantnet.lab import node as labmod
 from tenantnet.lab.nic import LabVfControl
 from tenantnet.plugin import nodepath
 from tenantnet.plugin.drivers.ovs import host_ifname
+from tests.integration import hostile_support as hs
 from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, Netns, PluginRunner, new_cid
 from tests.integration.test_agent import AgentProcess, call, install_slow_ipam, shim_env
 from tests.integration.test_ovs_offload import conf_for, nic, vf_snapshot
@@ -109,14 +110,16 @@ class Run:
 
 
 def run_plugin(env: dict[str, str], stdin: bytes | str, timeout: float = HOSTILE_TIMEOUT,
-               cwd: str | Path | None = None, memory: int = MEMORY_LIMIT) -> Run:
+               cwd: str | Path | None = None, memory: int = MEMORY_LIMIT,
+               preexec: Callable[[], None] | None = None) -> Run:
     """One exec of the plugin in a session of its own, memory-bounded; at the time-out the
-    whole session's process group (the plugin and whatever it started) is killed."""
+    whole session's process group (the plugin and whatever it started) is killed. `preexec`
+    runs in the child before the exec (say hostile_support.stand_ins)."""
     data = stdin.encode() if isinstance(stdin, str) else stdin
     started = time.monotonic()
     proc = subprocess.Popen(["prlimit", f"--as={memory}", PLUGIN], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=cwd,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=preexec)
     code: int | None
     try:
         out, err = proc.communicate(data, timeout=timeout)
@@ -145,7 +148,8 @@ def _kill_group(pgid: int) -> None:
 
 def invoke(plugin: PluginRunner, verb: str, conf: dict[str, Any], cid: str = "", netns: str | None = "",
            ifname: str = "net1", *, stdin: bytes | None = None, cwd: str | Path | None = None,
-           timeout: float = HOSTILE_TIMEOUT, **env_changes: str | None) -> Run:
+           timeout: float = HOSTILE_TIMEOUT, preexec: Callable[[], None] | None = None,
+           **env_changes: str | None) -> Run:
     """`verb` with `conf` through `plugin`'s env, bounded; a successful ADD is remembered for
     the fixture's clean-up DEL and every ADD for the no_leftovers check."""
     env = plugin.env(verb, cid, netns, ifname)
@@ -156,7 +160,8 @@ def invoke(plugin: PluginRunner, verb: str, conf: dict[str, Any], cid: str = "",
             env[key] = value
     if verb == "ADD":
         plugin.attempts.append(({}, env.get("CNI_CONTAINERID", ""), env.get("CNI_IFNAME", "")))
-    run = run_plugin(env, stdin if stdin is not None else json.dumps(conf), timeout=timeout, cwd=cwd)
+    run = run_plugin(env, stdin if stdin is not None else json.dumps(conf), timeout=timeout, cwd=cwd,
+                     preexec=preexec)
     if verb == "ADD" and run.code == 0 and env.get("CNI_CONTAINERID") and env.get("CNI_IFNAME"):
         plugin.cleanups.append((tame(conf), env["CNI_CONTAINERID"], env["CNI_IFNAME"]))
     return run
@@ -664,6 +669,8 @@ def test_4_hostile_files_are_refused_at_once_and_never_read(lab, plugin, netns_f
     made: list[Path] = []
     watch: FileWatch | None = None
     watch_mask = 0
+    watched: Path | None = None  # the file the watch is on (path itself, or its stand-in)
+    preexec = None
     if kind == "fifo":
         path = allowed / f"tn-{t}.fifo"
         os.mkfifo(path)
@@ -679,7 +686,13 @@ def test_4_hostile_files_are_refused_at_once_and_never_read(lab, plugin, netns_f
         path = allowed / f"tn-{t}.json"
         path.write_text(json.dumps({"socket_file": lab.ovsdb, "pad": "x" * (100 << 10)}))
     elif kind == "etc-shadow":
+        # Other work on the machine reads /etc/shadow: the plugin sees a stand-in of ours
+        # there (a bind mount in a mount namespace of its own), and the watch is on that.
         path = Path("/etc/shadow")
+        watched = tmp_path / "shadow"
+        watched.write_text("root:*:20000:0:99999:7:::\n")
+        watched.chmod(0o640)
+        preexec = hs.stand_ins({str(path): str(watched)})
         watch_mask = FileWatch.IN_ACCESS | FileWatch.IN_MODIFY
     else:  # a file of the admin's, outside the allowed directories
         path = tmp_path / "secret.conf"
@@ -692,8 +705,9 @@ def test_4_hostile_files_are_refused_at_once_and_never_read(lab, plugin, netns_f
     assert_refused(baseline, 7, "vlan")
     try:
         if watch_mask:
-            watch = FileWatch(str(path), watch_mask)
-        run = invoke(plugin, "ADD", _file_field_conf(plugin, lab, field, str(path)), new_cid(), ns.path)
+            watch = FileWatch(str(watched or path), watch_mask)
+        run = invoke(plugin, "ADD", _file_field_conf(plugin, lab, field, str(path)), new_cid(), ns.path,
+                     preexec=preexec)
         if watch is not None:
             seen = watch.seen()
             assert seen == 0, f"{path} was opened or read (inotify mask {seen:#x})"
@@ -705,6 +719,26 @@ def test_4_hostile_files_are_refused_at_once_and_never_read(lab, plugin, netns_f
             watch.close()
         for p in made:
             remove(p)
+
+
+def test_4_the_shadow_watch_sees_the_process_under_test_and_nobody_else(tmp_path):
+    """The /etc/shadow case's watch attributes: a read of /etc/shadow by another process on the
+    machine (they happen all the time) is not seen; a read by a process run the way the plugin
+    is (run_plugin with the stand-in) is, though it names the real path."""
+    standin = tmp_path / "shadow"
+    standin.write_text("root:*:20000:0:99999:7:::\n")
+    standin.chmod(0o640)
+    watch = FileWatch(str(standin), FileWatch.IN_ACCESS | FileWatch.IN_MODIFY)
+    try:
+        Path("/etc/shadow").read_bytes()  # another process's read, as far as the watch knows
+        subprocess.run(["cat", "/etc/shadow"], capture_output=True, check=True)
+        assert watch.seen() == 0
+        read = subprocess.run(["cat", "/etc/shadow"], capture_output=True, check=True,
+                              preexec_fn=hs.stand_ins({"/etc/shadow": str(standin)}))
+        assert read.stdout == standin.read_bytes()  # the stand-in is what it saw
+        assert watch.seen() & FileWatch.IN_ACCESS
+    finally:
+        watch.close()
 
 
 # ==== 5. a stale DEL breaks another pod =====================================================
