@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tenantnet.entry import shim
@@ -130,8 +130,56 @@ def register(subparsers: Any, collectors: Sequence[CollectorMaker] = ()) -> argp
     return p
 
 
+# A command whose reader went away (`tenantnetctl agent status | head -1`) exits as a process
+# killed by SIGPIPE would (128 + 13), quietly. SIGPIPE itself stays ignored, as Python sets
+# it: the agent writes to sockets whose callers may have given up.
+EXIT_BROKEN_PIPE = 141
+
+
+def exit_status_of(run: Callable[[], int | None]) -> int:
+    """The exit status of `run()` (a command line's work, argument parsing included), with
+    stdout's reader gone taken quietly: no BrokenPipeError traceback, neither from the
+    command nor from the interpreter's last flush, and EXIT_BROKEN_PIPE. Every tenantnetctl
+    subcommand goes through here (tenantnet/ops/ctl.py main). A broken pipe that is not
+    stdout's (a socket) is raised as ever."""
+    try:
+        try:
+            code = run()
+        finally:
+            sys.stdout.flush()  # here, not at exit, so a reader that left shows up here
+        return int(code or 0)
+    except BrokenPipeError:
+        if not _stdout_reader_gone():
+            raise
+        try:  # what is still buffered goes nowhere, silently, at exit
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+            os.close(devnull)
+        except (OSError, ValueError):
+            pass
+        return EXIT_BROKEN_PIPE
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe or socket nobody reads any more (POLLERR/POLLHUP); True when
+    that cannot be told (stdout without a descriptor)."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), select.POLLOUT)
+        events = poller.poll(0)
+    except (OSError, ValueError, AttributeError):
+        return True
+    return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in events)
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m tenantnet.entry.agentctl run|status` (the same as `tenantnetctl agent …`)."""
+    return exit_status_of(lambda: _main(argv))
+
+
+def _main(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="tenantnet-agent")
     parser.add_argument("--node-config", metavar="PATH",
                         help="node config file (default: $TENANTNET_CONFIG or /etc/tenantnet/tenantnet.yaml)")

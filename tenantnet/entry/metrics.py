@@ -5,12 +5,18 @@ What is measured where:
 - the request path only updates prometheus-client's own counters and histograms (a lock
   each, held for a few microseconds), so a scrape never waits for a CNI call nor a CNI
   call for a scrape;
-- everything else is read when scraped, on the HTTP server's thread: the agent's
-  admission figures, the attachment records (parsed once per file version: a scrape during
-  a burst of a thousand ADDs stats the files and parses only the new ones), the
-  tenantnet-ipam stores' use, and whatever collectors the caller hands in (`tenantnetctl
-  agent run` adds the offload report's, tenantnet/ops/flowreport/collector.py, which
-  keeps the datapath reads off the scrape's critical path on its own).
+- everything else is read when scraped, on a thread of the HTTP server (never one of the
+  agent's CNI workers): the agent's admission figures, the attachment records (parsed once
+  per file version: a scrape during a burst of a thousand ADDs stats the files and parses
+  only the new ones), the tenantnet-ipam stores' use (a read snapshot per store: no lock a
+  CNI call waits for; work linear in the range sets and addresses read), and whatever
+  collectors the caller hands in (`tenantnetctl agent run` adds the offload report's,
+  tenantnet/ops/flowreport/collector.py, which keeps the datapath reads off the scrape's
+  critical path on its own).
+
+The HTTP side is tenantnet/entry/httpserve.py, the one server of the agent and of
+`tenantnetctl offload --listen`: whatever a client sends, it holds a bounded number of
+connections, header bytes and seconds, and checks the token before this module runs.
 
 The metrics name pods, namespaces and tenants, so who may read them matters in a
 multi-tenant cluster: with `metricsTokenFile` a scrape must present that file's token as
@@ -36,18 +42,19 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 COMMANDS = frozenset({"ADD", "DEL", "CHECK", "GC", "STATUS", "VERSION"})
-# From a cached CHECK (≈ 1 ms) to an ADD that waits for a slow OVSDB (the shim's 30 s).
-# What any client that reaches the port can make the agent do is bounded: at most
-# SCRAPES_AT_ONCE scrapes run at once (more get 503), a body younger than BODY_REUSE seconds
-# is sent again rather than rebuilt, and a connection idle for CLIENT_TIMEOUT is dropped.
+# What any client that reaches the port can make the agent hold is bounded by the HTTP
+# server itself (entry/httpserve.py: connections, header bytes, time, the token first); what
+# an authorised scrape can make it do, here: at most SCRAPES_AT_ONCE scrapes run at once
+# (more get 503), and a body younger than BODY_REUSE seconds is sent again rather than rebuilt.
 SCRAPES_AT_ONCE = 4
 BODY_REUSE = 0.5
-CLIENT_TIMEOUT = 10.0
+# From a cached CHECK (≈ 1 ms) to an ADD that waits for a slow OVSDB (the shim's 30 s).
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.1, 0.25, 0.5,
                    1.0, 2.5, 5.0, 10.0, 30.0)
-
-
-MAX_TOKEN_BYTES = 4096
+# tenantnet-ipam stores the pool collector keeps open between scrapes (data dirs are the
+# tenants' choice, within ipamDataDirs; each open store holds a few descriptors: the
+# database, its WAL and shared-memory index, the store's lock).
+MAX_OPEN_STORES = 8
 
 
 def command_label(command: str) -> str:
@@ -73,7 +80,8 @@ class AgentMetrics:
         self.registry.register(_AdmissionCollector(status))
         records = RecordIndex()  # one for both: each record version is parsed once, not twice
         self.registry.register(AttachmentCollector(node, records))
-        self.registry.register(IpamPoolCollector(node, records))
+        self.pools = IpamPoolCollector(node, records)
+        self.registry.register(self.pools)
         # CPU the endpoint itself costs the agent (scrape threads, and what collectors report
         # of their own threads): what a scrape takes from the CNI calls, measured, not guessed.
         self._cost_lock = threading.Lock()
@@ -116,134 +124,42 @@ class AgentMetrics:
         return generate_latest(self.registry) + b"".join(text() for text in self._texts)
 
     def serve(self, address: str, port: int, token_file: str = "") -> tuple[str, int]:
-        """Start serving GET /metrics on a daemon thread (a thread per scrape); (host, port)
-        actually bound (port 0: any free). `token_file`: scrapes must present its token."""
-        import socket
-        from socketserver import ThreadingMixIn
-        from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+        """Start serving GET /metrics on tenantnet's one HTTP server (entry/httpserve.py: its
+        own threads, at most 16 connections, bounded headers and time, the token checked
+        before any of this module's code runs); (host, port) actually bound (port 0: any
+        free). `token_file`: scrapes must present its token."""
+        from tenantnet.entry.httpserve import HttpServer
 
+        self._server = HttpServer(address, port, {"/metrics": self._scrape, "/": self._scrape},
+                                  token_file=token_file, name="tenantnet-metrics").start()
+        return self._server.address  # type: ignore[no-any-return]
+
+    def _scrape(self, request: Any) -> Any:
+        """One authorised GET: the body (built or reused), or 503 beyond SCRAPES_AT_ONCE."""
         from prometheus_client import CONTENT_TYPE_LATEST
 
-        token = BearerToken(token_file) if token_file else None
+        from tenantnet.entry.httpserve import Response
 
-        def app(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
-            if environ.get("PATH_INFO", "/") not in ("/metrics", "/"):
-                start_response("404 Not Found", [("Content-Type", "text/plain")])
-                return [b"not found: see /metrics\n"]
-            if token is not None:
-                refusal = token.refusal(environ.get("HTTP_AUTHORIZATION"))
-                if refusal is not None:
-                    status, why = refusal
-                    headers = [("Content-Type", "text/plain")]
-                    if status.startswith("401"):
-                        headers.append(("WWW-Authenticate", 'Bearer realm="tenantnet-metrics"'))
-                    start_response(status, headers)
-                    return [why.encode() + b"\n"]
-            if not self._slots.acquire(blocking=False):
-                start_response("503 Service Unavailable",
-                               [("Content-Type", "text/plain"), ("Retry-After", "1")])
-                return [f"more than {SCRAPES_AT_ONCE} scrapes at once\n".encode()]
-            started = time.thread_time()
-            try:
-                body, status, kind = self._current_body(), "200 OK", CONTENT_TYPE_LATEST
-            except Exception as exc:  # an answer, not a traceback on the agent's stderr
-                body, status, kind = f"error: {exc}\n".encode(), "500 Internal Server Error", "text/plain"
-            finally:
-                self._slots.release()
-            with self._cost_lock:
-                self.scrapes += 1
-                self.scrape_cpu += time.thread_time() - started
-            start_response(status, [("Content-Type", kind), ("Content-Length", str(len(body)))])
-            return [body]
-
-        class Quiet(WSGIRequestHandler):
-            timeout = CLIENT_TIMEOUT  # a client that connects and sends nothing is dropped
-
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (wsgiref's name)
-                pass  # a line per scrape would flood the agent's stderr
-
-        family = socket.AF_INET6 if ":" in address else socket.AF_INET
-        server = type("MetricsServer", (ThreadingMixIn, WSGIServer),
-                      {"daemon_threads": True, "address_family": family})
-        self._server = make_server(address, port, app, server, handler_class=Quiet)
-        threading.Thread(target=self._server.serve_forever, name="tenantnet-metrics", daemon=True).start()
-        host, bound = self._server.server_address[:2]
-        return str(host), int(bound)
+        if not self._slots.acquire(blocking=False):
+            return Response(503, f"more than {SCRAPES_AT_ONCE} scrapes at once\n".encode(),
+                            headers=(("Retry-After", "1"),))
+        started = time.thread_time()
+        try:
+            response = Response(200, self._current_body(), CONTENT_TYPE_LATEST)
+        except Exception as exc:  # an answer, not a traceback on the agent's stderr
+            response = Response(500, f"error: {exc}\n".encode())
+        finally:
+            self._slots.release()
+        with self._cost_lock:
+            self.scrapes += 1
+            self.scrape_cpu += time.thread_time() - started
+        return response
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
-
-
-def read_token(path: str) -> tuple[bytes | None, str]:
-    """(the token in `path`, "") or (None, why not): opened without blocking, read only if a
-    regular file of at most MAX_TOKEN_BYTES; surrounding whitespace is not part of it."""
-    import stat
-
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return None, "not a regular file"
-        data = os.read(fd, MAX_TOKEN_BYTES + 1)
-    except OSError as exc:
-        return None, exc.strerror or str(exc)
-    finally:
-        os.close(fd)
-    if len(data) > MAX_TOKEN_BYTES:
-        return None, f"larger than {MAX_TOKEN_BYTES} bytes"
-    return (data.strip(), "") if data.strip() else (None, "empty")
-
-
-class BearerToken:
-    """The token a scrape must present, read from the node's `metricsTokenFile`.
-
-    The file is read again whenever it changes (a rotated Kubernetes Secret), so a new token
-    applies without restarting the agent. The path is the node admin's, not a tenant's, and
-    is followed through symbolic links: kubelet projects a Secret's keys as links into a
-    timestamped directory. It is still opened without blocking and read only if it is a
-    regular file of at most MAX_TOKEN_BYTES. Fails closed: a missing, unreadable or empty
-    file refuses every scrape (503) rather than serving the metrics to anyone."""
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._lock = threading.Lock()
-        self._seen: tuple[int, int, int, int] | None = None
-        self._token: bytes | None = None
-        self._problem = "not read yet"
-
-    def _current(self) -> bytes | None:
-        try:
-            st = os.stat(self.path)
-        except OSError as exc:
-            self._seen, self._token, self._problem = None, None, exc.strerror or str(exc)
-            return None
-        sig = (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-        with self._lock:
-            if sig != self._seen:
-                self._token, self._problem = read_token(self.path)
-                self._seen = sig
-            return self._token
-
-    def refusal(self, header: str | None) -> tuple[str, str] | None:
-        """None if `header` (the request's Authorization) carries the token; else the HTTP
-        status and the reason, which names no part of the token."""
-        import hmac
-
-        token = self._current()
-        if token is None:
-            return ("503 Service Unavailable",
-                    f"metricsTokenFile {self.path}: {self._problem}; no scrape is served without a token")
-        scheme, _, given = (header or "").strip().partition(" ")
-        if scheme.lower() != "bearer" or not given.strip():
-            return "401 Unauthorized", "a bearer token is required (Authorization: Bearer <token>)"
-        if not hmac.compare_digest(given.strip().encode("latin-1", "replace"), token):
-            return "401 Unauthorized", "the bearer token is not this node's metrics token"
-        return None
+        self.pools.close()
 
 
 class _CostCollector(Collector):
@@ -251,14 +167,28 @@ class _CostCollector(Collector):
         self._m = metrics
 
     def collect(self) -> Iterable[Metric]:
+        from tenantnet.entry.httpserve import REFUSALS
+
         m = self._m
+        server = m._server
         with m._cost_lock:
             scrapes, cpu = m.scrapes, m.scrape_cpu
+        refused = dict.fromkeys(REFUSALS, 0)
+        if server is not None:  # every connection's thread, hostile ones and scrapes alike
+            cpu = server.cpu_seconds()
+            with server.stats.lock:
+                refused.update(server.stats.refused)
         cpu += sum(cost() for cost in m._costs)
         yield CounterMetricFamily("tenantnet_metrics_scrapes", "scrapes of this endpoint answered",
                                   value=float(scrapes))
         yield CounterMetricFamily("tenantnet_metrics_cpu_seconds", "CPU this endpoint cost the agent: "
-                                  "its scrape threads and the offload report's rebuilds", value=cpu)
+                                  "its HTTP server's threads and the offload report's rebuilds", value=cpu)
+        family = CounterMetricFamily("tenantnet_metrics_requests_refused",
+                                     "requests to this endpoint refused before a scrape ran, by reason",
+                                     labels=["reason"])
+        for reason, n in refused.items():
+            family.add_metric([reason], float(n))
+        yield family
 
 
 class _AdmissionCollector(Collector):
@@ -403,30 +333,112 @@ class AttachmentCollector(Collector):
         yield installed
 
 
+class _Pool:
+    """One network's range sets as a scrape needs them, built once per version of its ipam
+    section: each set's family and size, and its ranges sorted by start, so an address is
+    placed in its set by one binary search (the ranges of a network never overlap:
+    ipam/config.py refuses that), not by a pass over every set."""
+
+    def __init__(self, conf: Any) -> None:
+        self.sets: list[tuple[int, int]] = []  # (family, addresses it can hand out) per set
+        ranges: dict[int, list[tuple[int, int, int]]] = {}
+        for i, rs in enumerate(conf.range_sets):
+            self.sets.append((rs.family, sum(hi - lo + 1 for r in rs.ranges for lo, hi in r.segments())))
+            for r in rs.ranges:
+                ranges.setdefault(r.family, []).append((r.start, r.end, i))
+        self._ranges = {family: ([s for s, _, _ in rows], [e for _, e, _ in rows], [i for _, _, i in rows])
+                        for family, rows in ((f, sorted(v)) for f, v in ranges.items())}
+        self.lookups = 0  # addresses placed so far (the work a scrape does per held address)
+
+    def used(self, addresses: Iterable[Any]) -> list[int]:
+        """How many of `addresses` fall in each range set."""
+        from bisect import bisect_right
+
+        counts = [0] * len(self.sets)
+        for address in addresses:
+            self.lookups += 1
+            found = self._ranges.get(address.version)
+            if found is None:
+                continue
+            starts, ends, sets = found
+            value = int(address)
+            k = bisect_right(starts, value) - 1
+            if k >= 0 and value <= ends[k]:
+                counts[sets[k]] += 1
+        return counts
+
+
 class IpamPoolCollector(Collector):
     """Addresses in use and pool sizes of tenantnet-ipam networks that have attachments here.
 
     The pool is read from the network config kept in the records (the NAD as it was when
     the attachment was made) and the use from the node's store. Cluster-mode networks show
-    this node's addresses only: the cluster-wide view is `tenantnetctl ipam cluster ls`."""
+    this node's addresses only: the cluster-wide view is `tenantnetctl ipam cluster ls`.
 
-    def __init__(self, node: Callable[[], Any], index: RecordIndex | None = None) -> None:
+    What a scrape costs grows linearly with what it reads: each network's ipam section is
+    parsed once per version (not per scrape), each store is read once per scrape (one read
+    transaction for all its networks: a WAL snapshot, which takes no lock a CNI call's write
+    waits for), and each held address is placed in its range set by one binary search.
+
+    Data dirs are the tenants' choice (within ipamDataDirs), so open stores are bounded: at
+    most MAX_OPEN_STORES stay open between scrapes, least recently read closed first, and a
+    store is closed at once when it holds nothing of the networks read from it, or when no
+    record names it any more."""
+
+    def __init__(self, node: Callable[[], Any], index: RecordIndex | None = None,
+                 max_open: int = MAX_OPEN_STORES) -> None:
         self._node = node
         self.index = index or RecordIndex()
-        self._stores: dict[str, Any] = {}
+        self.max_open = max_open
+        self._lock = threading.Lock()  # one collect at a time: the open stores are shared
+        self._stores: dict[str, Any] = {}  # data dir -> open store, least recently read first
+        self._pools: dict[str, _Pool | None] = {}  # ipam section (JSON) -> pool; None: invalid
+
+    @property
+    def open_stores(self) -> list[str]:
+        with self._lock:
+            return list(self._stores)
 
     def _store(self, data_dir: str) -> Any:
         from ipam.sqlite_store import SqliteStore
 
-        store = self._stores.get(data_dir)
+        store = self._stores.pop(data_dir, None)
         if store is None:
             store = SqliteStore(data_dir, create=False)
-            self._stores[data_dir] = store
+        self._stores[data_dir] = store  # now the most recently read
         return store
 
+    def _keep(self, data_dir: str, holds: bool) -> None:
+        """After a store was read: closed if it holds nothing (it need not stay open until
+        it does), else kept, and the least recently read closed beyond max_open."""
+        if not holds:
+            self._close(data_dir)
+        while len(self._stores) > self.max_open:
+            self._close(next(iter(self._stores)))
+
+    def _close(self, data_dir: str) -> None:
+        store = self._stores.pop(data_dir, None)
+        if store is not None:
+            store.close()
+
+    def _pool(self, key: str, raw: dict[str, Any], pools: dict[str, _Pool | None]) -> _Pool | None:
+        from ipam.config import parse_ipam
+
+        if key not in pools:
+            pool = self._pools.get(key, _UNSEEN)
+            if pool is _UNSEEN:
+                try:
+                    pool = _Pool(parse_ipam(raw))
+                except Exception:  # an invalid config: no series rather than a failed scrape
+                    pool = None
+            pools[key] = pool
+        return pools[key]
+
     def collect(self) -> Iterable[Metric]:
+        import json
+
         from hostfiles.confined import within
-        from ipam.config import data_dir_of, parse_ipam
+        from ipam.config import data_dir_of
 
         node = self._node()
         size = GaugeMetricFamily("tenantnet_ipam_pool_addresses",
@@ -435,24 +447,51 @@ class IpamPoolCollector(Collector):
         used = GaugeMetricFamily("tenantnet_ipam_pool_used_addresses",
                                  "addresses of the range set held on this node (tenantnet-ipam)",
                                  labels=["network", "range_set", "family"])
-        pools: dict[str, tuple[str, Any]] = {}
+        networks: dict[str, tuple[str, dict[str, Any]]] = {}
         for s in self.index.snapshot(node):
-            if s.ipam and s.ipam.get("type") == "tenantnet-ipam" and s.network not in pools:
-                pools[s.network] = (data_dir_of(s.ipam, node.ipam_data_dir), s.ipam)
-        for network, (data_dir, raw) in sorted(pools.items()):
-            # The dir was confined when the ADD was made; the node config may have changed since.
-            if not within(data_dir, node.ipam_data_dirs):
-                continue
-            try:
-                conf = parse_ipam(raw)
-                held = self._store(data_dir).allocations(network)
-            except Exception:  # an unreadable store or config: no series rather than a failed scrape
-                continue
-            for i, rs in enumerate(conf.range_sets):
-                total = sum(hi - lo + 1 for r in rs.ranges for lo, hi in r.segments())
-                mine = sum(1 for a in held if rs.range_of(a.address) is not None)
-                labels = [network, str(i), f"ipv{rs.family}"]
+            if s.ipam and s.ipam.get("type") == "tenantnet-ipam" and s.network not in networks:
+                try:
+                    networks[s.network] = (data_dir_of(s.ipam, node.ipam_data_dir), s.ipam)
+                except Exception:
+                    continue
+        by_dir: dict[str, list[tuple[str, _Pool]]] = {}
+        figures: dict[str, list[tuple[tuple[int, int], int]]] = {}
+        with self._lock:
+            pools: dict[str, _Pool | None] = {}
+            for network, (data_dir, raw) in sorted(networks.items()):
+                # The dir was confined when the ADD was made; the node config may have changed since.
+                if not within(data_dir, node.ipam_data_dirs):
+                    continue
+                pool = self._pool(json.dumps(raw, sort_keys=True, default=str), raw, pools)
+                if pool is not None:
+                    by_dir.setdefault(data_dir, []).append((network, pool))
+            self._pools = pools  # the sections of this scrape's records only
+            for data_dir in [d for d in self._stores if d not in by_dir]:
+                self._close(data_dir)  # no record names it any more
+            for data_dir, entries in sorted(by_dir.items()):
+                try:
+                    store = self._store(data_dir)
+                    with store.snapshot() as txn:
+                        held = {network: [a.address for a in txn.allocations(network)]
+                                for network, _ in entries}
+                except Exception:  # an unreadable store: no series rather than a failed scrape
+                    self._close(data_dir)
+                    continue
+                self._keep(data_dir, any(held.values()))
+                for network, pool in entries:
+                    figures[network] = list(zip(pool.sets, pool.used(held[network]), strict=True))
+        for network, sets in sorted(figures.items()):
+            for i, ((family, total), mine) in enumerate(sets):
+                labels = [network, str(i), f"ipv{family}"]
                 size.add_metric(labels, total)
                 used.add_metric(labels, mine)
         yield size
         yield used
+
+    def close(self) -> None:
+        with self._lock:
+            for data_dir in list(self._stores):
+                self._close(data_dir)
+
+
+_UNSEEN: Any = object()

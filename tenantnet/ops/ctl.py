@@ -187,7 +187,7 @@ def cmd_pod(args: argparse.Namespace) -> int:
 
         # Where Multus would put them: the node's deviceInfoDir, the only place the plugin
         # writes device-info files (docs/security.md).
-        devinfo_dir = os.path.join(config.load(node_config_path(args)).device_info_dir, "cni")
+        devinfo_dir = multus.devinfo_dir(config.load(node_config_path(args)))
         delegates = multus.plan_delegates(spec, selections, multus.load_nads(args.nad), devices,
                                           pod.container_id, pod.uid, devinfo_dir)
     except (multus.MultusError, OSError) as exc:
@@ -421,13 +421,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        code = args.func(args)
-    except KeyboardInterrupt:
-        code = 130
-    sys.exit(code)
+    """Every subcommand, its help and usage errors included, through agentctl.exit_status_of:
+    `tenantnetctl … | head -1` ends quietly (exit 141), without a BrokenPipeError traceback."""
+    from tenantnet.entry.agentctl import exit_status_of
+
+    def run() -> int:
+        args = build_parser().parse_args(argv)
+        try:
+            return int(args.func(args) or 0)
+        except KeyboardInterrupt:
+            return 130
+
+    sys.exit(exit_status_of(run))
 
 
 if __name__ == "__main__":

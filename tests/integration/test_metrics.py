@@ -1,8 +1,13 @@
 """The agent's /metrics endpoint (docs/metrics.md, tenantnet/entry/metrics.py) on the lab.
 
-- Scraping once a second during a burst of 1,024 ADDs (bench_agent's burst: 128 pods × 8
-  rails, 16 execs at once through the trampoline and agent) costs the agent at most 5 % more
-  CPU and the burst no measurable wall time.
+- Scrapes during a burst of ADDs and DELs are all answered with the families, and the
+  endpoint's self-measured CPU counter is there and grows with the scrapes. What that CPU
+  is as a share of the agent's (the 5 % target) is a measurement, not a pass/fail check:
+  `make bench` (bench/bench_metrics.py) takes it on the 1,024-ADD burst.
+- Hostile clients (idle connections, a request that trickles in, huge headers) meet the
+  HTTP server's bounds on the real agent with the packaged settings: refused beyond 16
+  connections, cut at the 5 s deadline, 431; the agent keeps serving scrapes and CNI calls.
+  Its RSS is printed, not asserted (bench/bench_metrics.py reports it).
 - What the endpoint says is right: request counts and error codes, attachments, IPAM pool
   use, in-flight calls; a hostile CNI_COMMAND adds no label values.
 
@@ -30,10 +35,9 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from bench.common import burst_jobs, cpu_seconds, run_burst
+from bench.common import burst_jobs, run_burst
 from tenantnet.entry import shim
 from tenantnet.entry.metrics import BODY_REUSE
-from tenantnet.lab import node as labmod
 from tests.integration.conftest import BIN, PLUGIN, Lab, new_cid
 from tests.integration.test_agent import AgentProcess, call, shim_env, start_agent
 
@@ -126,77 +130,23 @@ class Scraper(threading.Thread):
                 "largest_bytes": max(len(b) for _, _, b in self.scrapes)}
 
 
-# ---- a scrape during a burst ---------------------------------------------------------------
+# ---- scrapes during a burst -------------------------------------------------------------------
 
-PODS, RAILS, PARALLEL = 128, 8, 16
-# One round of each (the suite's time: a round is ≈ 15 s). The 5 % bound does not compare
-# rounds — it is the endpoint's self-measured share of the scraped round's CPU — so one
-# round is enough for it; the wall guard compares two single rounds, hence its margin.
-ORDER = ("scraped", "plain")
-PLAIN_FOR_REBUILD = 1  # the round (a plain one) after whose ADDs one offload rebuild is measured
-CPU_BOUND = 0.05   # what the endpoint cost the agent, as a share of the agent's CPU for the burst
-WALL_BOUND = 0.30  # the ADD phase's wall time, scraped vs not: a guard only (see the docstring)
+PODS, RAILS, PARALLEL = 16, 2, 8  # 32 ADDs, then 32 DELs: a burst's traffic, not bench's 1,024
 
 
-def offload_rebuild_cost(node: Path) -> dict[str, float]:
-    """What one rebuild of the offload report costs now, measured in this process (the same
-    code the agent's NodeOffloadCollector runs): CPU seconds to build it, the samples it
-    serves and the CPU seconds to serialise them once (paid on every scrape until the next
-    rebuild)."""
-    from prometheus_client import CollectorRegistry, generate_latest
-
-    from tenantnet.ops.flowreport.collector import NodeOffloadCollector
-    from tenantnet.plugin import nodeconfig
-
-    conf = nodeconfig.load(str(node))
-    collector = NodeOffloadCollector(lambda: conf)
-    started = time.process_time()
-    families = list(collector.collect())
-    built = time.process_time() - started
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(collector)
-    started = time.process_time()
-    text = generate_latest(registry)
-    return {"offload_build_cpu_s": built, "offload_samples": sum(len(f.samples) for f in families),
-            "offload_serialise_cpu_s": time.process_time() - started, "offload_bytes": len(text)}
-
-
-def test_scraping_every_second_does_not_slow_a_1024_add_burst(lab, run_dir, agents, record_property):
-    """What is compared, and why:
-
-    The same burst as bench_agent's (128 pods × 8 rails = 1,024 ADDs, 16 execs at once through
-    `.venv/bin/tenantnet`, tenantnet-ipam, then the 1,024 DELs) runs twice on one agent,
-    first with and then without a thread GETting /metrics once a second.
-
-    Asserted at 5 %: what the endpoint costs the agent, measured by the agent itself — the CPU
-    time of its scrape threads and of the offload report's rebuilds (`time.thread_time()`
-    around each; exported as `tenantnet_metrics_cpu_seconds_total`) — as a share of the
-    agent's whole CPU (utime + stime of the agent and its waited-for children, from
-    /proc/<pid>/stat) over the scraped bursts. Comparing the agent's total CPU between
-    scraped and plain rounds would say the same with noise: on this shared 2-core box the
-    same burst's CPU moves by ±20 % from round to round, which 5 % drowns in.
-
-    Printed, and asserted only as a guard at 30 %: the scraped vs plain ratios of the agent's
-    CPU and of the ADD phases' wall time (what a runtime sees; the scraper's own process
-    shares the cores with the 16 execs here, which a Prometheus server on another machine
-    would not).
-
-    The offload report runs at the default `metricsOffloadInterval` (15 s): built at the first
-    scrape, before the bursts, then rebuilt when due — but not while CNI calls are in flight,
-    for up to ten intervals (collector.DEFERRAL_LIMIT), since a rebuild at 1,024
-    attachments costs ≈ 0.5 s of the agent's CPU and interpreter lock. Scrapes in between get
-    the cached text. What one rebuild costs is measured separately after a plain round's
-    ADDs (printed, not asserted).
-
-    Every scrape must answer 200 with the request-duration histogram, the attachments and
-    in-flight gauges and the offload families; afterwards nothing of ours may be left (OVS
-    ports, records, addresses, host links).
-    """
+def test_scrapes_during_a_burst_are_answered_and_the_endpoint_counts_its_own_cpu(lab, run_dir, agents):
+    """A thread GETs /metrics every 0.2 s while 32 ADDs and 32 DELs go through the
+    trampoline and the agent. Asserted whatever the machine's load: every scrape answered 200
+    with the request-duration histogram, the attachments and in-flight gauges and the offload
+    families; the endpoint's `tenantnet_metrics_cpu_seconds_total` and scrape count present
+    and grown with the scrapes; nothing of ours left afterwards (OVS ports, records,
+    addresses, host links). How much CPU that is (the 5 % target) is bench_metrics' figure."""
     from tenantnet.plugin.drivers.ovs import host_ifname
 
     port = free_port()
-    node = metrics_node_config(lab, run_dir, port, "")  # the default metricsOffloadInterval, 15 s
-    agents.append(agent := start_ctl_agent(node))
+    node = metrics_node_config(lab, run_dir, port, "")
+    agents.append(start_ctl_agent(node))
     url = f"http://127.0.0.1:{port}/metrics"
     ipam_dir = lab.root / "ipam" / run_dir.name  # the lab's node config allows <lab>/ipam
     confs = {r: json.dumps({"cniVersion": "1.0.0", "name": f"tnm-rail{r}", "type": "tenantnet",
@@ -205,86 +155,190 @@ def test_scraping_every_second_does_not_slow_a_1024_add_burst(lab, run_dir, agen
                                      "dataDir": str(ipam_dir)}}).encode() for r in range(1, RAILS + 1)}
     base = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "CNI_PATH": f"{BIN}:/usr/lib/cni",
             "TENANTNET_CONFIG": str(node)}
-    vswitchd = labmod.status(str(lab.root)).ovs_vswitchd_pid
-    counters = {"agent_cpu": lambda: cpu_seconds(agent.proc.pid, children=True),
-                "vswitchd_cpu": lambda: cpu_seconds(vswitchd)}
     names = [f"tnm-{uuid.uuid4().hex[:8]}" for _ in range(PODS)]
-    rounds: list[dict[str, Any]] = []
-    rebuild: dict[str, float] = {}
     attempted: set[str] = set()
+    first = scrape(url)  # also builds the offload report (0 attachments)
+    assert "tenantnet_offload_up" in first
+    cpu_before = value(first, "tenantnet_metrics_cpu_seconds_total")
+    scrapes_before = value(first, "tenantnet_metrics_scrapes_total")
+    assert cpu_before is not None and scrapes_before is not None
+    scraper = Scraper(url, every=0.2)
     try:
-        for n in names:  # one set of pods for every round: a DEL leaves the netns empty
+        for n in names:
             subprocess.run(["ip", "netns", "add", n], check=True)
-        paths = [f"/run/netns/{n}" for n in names]
-        assert "tenantnet_offload_up" in scrape(url)  # the offload report, built now (0 attachments)
-        # Warm-up (not measured): the first ADDs of a fresh agent pay one-off costs.
-        warm = run_burst(PLUGIN, base, confs, burst_jobs(paths[:16], RAILS), PARALLEL)
-        assert [c for v in warm.values() for c, _ in v["results"]] == [0] * 2 * 16 * RAILS
-        for i, kind in enumerate(ORDER):
-            jobs = burst_jobs(paths, RAILS)
-            attempted |= {host_ifname(cid, f"net{r}") for cid, _, r in jobs}
-            scraper = Scraper(url) if kind == "scraped" else None
-            endpoint_cpu = value(scrape(url), "tenantnet_metrics_cpu_seconds_total") or 0.0
-            if scraper:
-                scraper.start()
-            try:
-                phases = run_burst(PLUGIN, base, confs, jobs, PARALLEL, counters, verbs=("ADD",))
-                # 1,024 attachments now; measured outside the phases' counters, and in a plain
-                # round: the pause it makes is a quiet moment, in which the agent would rightly
-                # rebuild its offload report — a scraper there would charge that to the burst.
-                if i == PLAIN_FOR_REBUILD:
-                    rebuild = offload_rebuild_cost(node)
-                phases.update(run_burst(PLUGIN, base, confs, jobs, PARALLEL, counters, verbs=("DEL",)))
-            finally:
-                if scraper:
-                    scraper.stop()
-            endpoint_cpu = (value(scrape(url), "tenantnet_metrics_cpu_seconds_total") or 0.0) - endpoint_cpu
-            failed = [out.decode()[-300:] for v in ("ADD", "DEL") for c, out in phases[v]["results"] if c]
-            assert not failed, failed[:3]
-            row = {"round": i + 1, "kind": kind,
-                   "add_wall_s": phases["ADD"]["wall"], "del_wall_s": phases["DEL"]["wall"],
-                   "add_cpu_s": phases["ADD"]["agent_cpu"], "del_cpu_s": phases["DEL"]["agent_cpu"],
-                   "vswitchd_cpu_s": phases["ADD"]["vswitchd_cpu"] + phases["DEL"]["vswitchd_cpu"],
-                   "endpoint_cpu_s": endpoint_cpu}
-            if scraper:
-                row.update(scraper.check())
-            rounds.append(row)
-            print(f"\nround {row['round']} {kind:7}: ADD {row['add_wall_s']:.2f} s wall, agent CPU ADD "
-                  f"{row['add_cpu_s']:.2f} s + DEL {row['del_cpu_s']:.2f} s (of which /metrics "
-                  f"{row['endpoint_cpu_s']:.3f} s), DEL {row['del_wall_s']:.2f} s wall"
-                  + (f"; {row['scrapes']} scrapes, slowest {row['slowest_s']:.3f} s, "
-                     f"largest {row['largest_bytes'] / 1024:.0f} KiB" if scraper else ""), flush=True)
+        jobs = burst_jobs([f"/run/netns/{n}" for n in names], RAILS)
+        attempted |= {host_ifname(cid, f"net{r}") for cid, _, r in jobs}
+        scraper.start()
+        try:
+            phases = run_burst(PLUGIN, base, confs, jobs, PARALLEL)
+        finally:
+            scraper.stop()
     finally:
         for n in names:
             subprocess.run(["ip", "netns", "delete", n], capture_output=True, check=False)
-
-    def of(kind: str, key: str) -> list[float]:
-        return [r[key] for r in rounds if r["kind"] == kind]
-
-    cpu = {k: sum(of(k, "add_cpu_s")) + sum(of(k, "del_cpu_s")) for k in ("scraped", "plain")}
-    wall = {k: sum(of(k, "add_wall_s")) for k in ("scraped", "plain")}
-    cost = sum(of("scraped", "endpoint_cpu_s")) / cpu["scraped"]
-    cpu_ratio, wall_ratio = cpu["scraped"] / cpu["plain"], wall["scraped"] / wall["plain"]
-    summary = (f"/metrics cost the agent {sum(of('scraped', 'endpoint_cpu_s')):.3f} s of CPU in the scraped "
-               f"bursts, {100 * cost:.2f} % of its {cpu['scraped']:.2f} s for them; "
-               f"agent CPU per burst (ADD+DEL), sum over {len(of('plain', 'add_cpu_s'))} rounds each: "
-               f"scraped {cpu['scraped']:.2f} s, plain {cpu['plain']:.2f} s → {cpu_ratio:.3f}×; "
-               f"ADD wall, sum: scraped {wall['scraped']:.2f} s, plain {wall['plain']:.2f} s → {wall_ratio:.3f}×; "
-               f"one offload rebuild at {PODS * RAILS} attachments: {rebuild['offload_build_cpu_s']:.2f} s CPU, "
-               f"{rebuild['offload_samples']:.0f} samples, {rebuild['offload_bytes'] / 1024:.0f} KiB, "
-               f"{rebuild['offload_serialise_cpu_s']:.3f} s CPU per scrape to serialise")
-    print("\n" + summary)
-    record_property("metrics_burst_rounds", json.dumps(rounds))
-    record_property("metrics_burst_summary", summary)
-    record_property("metrics_offload_rebuild", json.dumps(rebuild))
-
+    failed = [out.decode()[-300:] for v in ("ADD", "DEL") for c, out in phases[v]["results"] if c]
+    assert not failed, failed[:3]
+    seen = scraper.check()
+    time.sleep(BODY_REUSE + 0.1)
+    last = scrape(url)
+    print(f"\n{seen['scrapes']} scrapes during {len(jobs)} ADDs + DELs, slowest {seen['slowest_s']:.3f} s; "
+          f"endpoint CPU {value(last, 'tenantnet_metrics_cpu_seconds_total') - cpu_before:.3f} s")
+    assert value(last, "tenantnet_metrics_scrapes_total") >= scrapes_before + seen["scrapes"]
+    assert value(last, "tenantnet_metrics_cpu_seconds_total") > cpu_before
     assert lab.owned_ports() == []
     assert lab.records() == []
     with sqlite3.connect(ipam_dir / "ipam.db") as db:
         assert db.execute("SELECT count(*) FROM allocation").fetchone()[0] == 0
     assert [n for n in attempted if os.path.exists(f"/sys/class/net/{n}")] == []
-    assert cost <= CPU_BOUND, summary
-    assert wall_ratio <= 1 + WALL_BOUND, summary
+
+
+# ---- hostile clients ---------------------------------------------------------------------------
+
+def rss_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as fh:
+        return next(int(line.split()[1]) for line in fh if line.startswith("VmRSS:"))
+
+
+def answer_of(s: socket.socket) -> bytes:
+    """What the server sends until it closes (what came before a reset, if it resets)."""
+    data = b""
+    try:
+        while chunk := s.recv(65536):
+            data += chunk
+    except (ConnectionResetError, TimeoutError):
+        pass
+    return data
+
+
+def status_line(answer: bytes) -> int | None:
+    return int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/1.1 ") else None
+
+
+EXTRA = 24  # connections beyond the cap (accepted within the burst and at the pace, 32 a second)
+
+
+def test_hostile_clients_meet_the_servers_bounds_and_the_agent_keeps_serving(lab, run_dir, agents,
+                                                                             netns_factory, record_property):
+    """The real agent with the packaged bounds (entry/httpserve.py) and a token:
+
+    - 15 idle connections and one that sends a byte every 0.25 s (never idle, never done)
+      fill the 16 connections; 24 more are each refused at once (503, or closed);
+    - the 16 are cut at the 5 s deadline (408), the trickling one too, though it never
+      paused: the deadline runs from the accept;
+    - headers of 100 lines × 64 KiB (what got the agent OOM-killed) are answered 431 or closed;
+    - meanwhile and afterwards a CNI call is served, and a scrape with the token is answered;
+      the refusals are counted by reason in /metrics.
+
+    The agent's RSS before, at its peak and after is printed (not asserted: bench_metrics)."""
+    from tenantnet.entry import httpserve
+
+    port = free_port()
+    token = run_dir / "metrics-token"
+    token.write_text(uuid.uuid4().hex + "\n")
+    node = metrics_node_config(lab, run_dir, port, f"metricsTokenFile: {token}\n")
+    agents.append(agent := start_ctl_agent(node))
+    url = f"http://127.0.0.1:{port}/metrics"
+    authorised = {"Authorization": f"Bearer {token.read_text().strip()}"}
+
+    def scrape_with_token() -> dict[str, Any]:
+        request = urllib.request.Request(url, headers=authorised)
+        with urllib.request.urlopen(request, timeout=30) as resp:
+            return {f.name: f for f in text_string_to_metric_families(resp.read().decode())}
+
+    assert "tenantnet_agent_inflight" in scrape_with_token()
+    rss = {"before": rss_kb(agent.proc.pid)}
+    peak = [rss["before"]]
+    sampling = threading.Event()
+
+    def sample() -> None:
+        while not sampling.is_set():
+            peak.append(rss_kb(agent.proc.pid))
+            sampling.wait(0.05)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    cap = httpserve.MAX_CONNECTIONS
+    held: list[socket.socket] = []
+    cid = ""
+    conf = {"cniVersion": "1.0.0", "name": "tnm-hostile", "type": "tenantnet", "bridge": lab.bridge, "vlan": 31}
+    try:
+        accepted_at = time.monotonic()
+        for _ in range(cap - 1):
+            held.append(socket.create_connection(("127.0.0.1", port), timeout=60))
+        trickler = socket.create_connection(("127.0.0.1", port), timeout=60)
+        held.append(trickler)
+        trickled = [0]
+        stop_trickle = threading.Event()
+
+        def trickle() -> None:
+            line = b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 10_000
+            while not stop_trickle.is_set() and trickled[0] < len(line):
+                try:
+                    trickler.send(line[trickled[0]:trickled[0] + 1])
+                except OSError:
+                    return
+                trickled[0] += 1
+                stop_trickle.wait(0.25)
+
+        trickling = threading.Thread(target=trickle, daemon=True)
+        trickling.start()
+        time.sleep(0.5)  # let the server accept the 16 (the refusals below do not depend on it)
+        refused = []
+        for _ in range(EXTRA):
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as extra:
+                extra.sendall(b"GET /metrics HTTP/1.1\r\n\r\n")
+                refused.append(status_line(answer_of(extra)))
+        refused_within = time.monotonic() - accepted_at
+        assert set(refused) <= {503, None} and 503 in refused, refused
+        # A CNI call is served while every connection of the endpoint is taken.
+        ns, cid = netns_factory(), new_cid()
+        code, out, _ = call(shim_env(node, "ADD", CNI_CONTAINERID=cid, CNI_IFNAME="net1", CNI_NETNS=ns.path), conf)
+        assert code == 0, out
+        answers = [status_line(answer_of(s)) for s in held]
+        cut_after = time.monotonic() - accepted_at
+        stop_trickle.set()
+        for s in held:
+            s.close()
+        assert answers == [408] * cap, answers
+        assert cut_after >= httpserve.REQUEST_DEADLINE - 0.1
+        print(f"\n{EXTRA} refused within {refused_within:.2f} s of the 16; the 16 cut after {cut_after:.2f} s")
+        assert 0 < trickled[0] < 10_000
+
+        def huge_headers() -> int | None:
+            """The request that got the agent OOM-killed: 100 header lines of 64 KiB."""
+            with socket.create_connection(("127.0.0.1", port), timeout=60) as big:
+                try:
+                    big.sendall(b"GET /metrics HTTP/1.1\r\n")
+                    for _ in range(100):
+                        big.sendall(b"X-Big: " + b"a" * (64 << 10) + b"\r\n")
+                except OSError:
+                    pass  # the server stopped reading at its limit and closed
+                return status_line(answer_of(big))
+
+        for _ in range(4):
+            until = time.monotonic() + 30
+            answer = huge_headers()
+            while answer == 503 and time.monotonic() < until:  # the 16 just closed, still being let go
+                time.sleep(0.1)
+                answer = huge_headers()
+            assert answer in (431, None), answer
+        families = scrape_with_token()
+    finally:
+        sampling.set()
+        for s in held:
+            s.close()
+        if cid:
+            code, out, _ = call(shim_env(node, "DEL", CNI_CONTAINERID=cid, CNI_IFNAME="net1", CNI_NETNS=""),
+                                conf)
+            assert code == 0, out
+    reasons = {s.labels["reason"]: s.value for s in families["tenantnet_metrics_requests_refused"].samples
+               if s.name.endswith("_total")}
+    assert reasons["over_capacity"] >= EXTRA and reasons["deadline"] >= cap, reasons
+    assert reasons["headers_too_large"] >= 1, reasons  # (one refused as over capacity may have been closed
+    # before its 431 could be read: at least one of the four was read through to its limit)
+    rss.update(peak=max(peak), after=rss_kb(agent.proc.pid))
+    print(f"\nagent RSS (KiB): {rss}")
+    record_property("metrics_hostile_rss_kb", json.dumps(rss))
 
 
 # ---- what the endpoint says ------------------------------------------------------------------

@@ -1,5 +1,7 @@
 """tenantnet/entry/metrics.py and the agent's offload collector: a scrape never blocks a CNI
-call, records are parsed once per version, labels, IPAM pools, the command label."""
+call (nor, stalled inside its read of a store, an ADD through a one-worker agent), records
+are parsed once per version, labels, IPAM pools (work linear in range sets and addresses,
+bounded open stores), the command label. The HTTP bounds: test_httpserve.py."""
 
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from ipam.sqlite_store import SqliteStore
 from ipam.store import Allocation
-from tenantnet.entry import metrics
+from tenantnet.entry import httpserve, metrics
 from tenantnet.entry.metrics import AgentMetrics, AttachmentCollector, IpamPoolCollector, RecordIndex
 from tenantnet.ops.flowreport.collector import NodeOffloadCollector
 from tenantnet.ops.flowreport.report import Report, Snapshot
@@ -374,7 +376,7 @@ def test_a_token_file_that_cannot_give_a_token_refuses_every_scrape_without_bloc
     elif make == "directory":
         token.mkdir()
     elif make == "too-large":
-        token.write_text("x" * (metrics.MAX_TOKEN_BYTES + 1))
+        token.write_text("x" * (httpserve.MAX_TOKEN_BYTES + 1))
     m = AgentMetrics(lambda: STATUS, lambda: node)
     host, port = m.serve("127.0.0.1", 0, str(token))
     try:
@@ -431,3 +433,272 @@ def test_the_agent_warns_when_it_serves_the_metrics_beyond_the_node_without_a_to
         assert "metricsTokenFile" in warnings[0][2]["hint"]
     else:
         assert warnings == []
+
+
+# ---- the IPAM pool collector: linear work, bounded open stores ------------------------------
+
+def many_sets(n: int) -> dict[str, Any]:
+    """A pool of `n` range sets (/28 each, 10.64.0.0 upwards; every other one with a second range)."""
+    sets = []
+    for i in range(n):
+        base = ipaddress.ip_address("10.64.0.0") + 64 * i
+        ranges = [{"subnet": f"{base}/28"}]
+        if i % 2:
+            ranges.append({"subnet": f"{base + 32}/28"})
+        sets.append(ranges)
+    return {"type": "tenantnet-ipam", "ranges": sets}
+
+
+def hold(directory: Path, network: str, addresses: list[str]) -> None:
+    store = SqliteStore(str(directory))
+    with store.transaction() as txn:
+        for i, a in enumerate(addresses):
+            txn.insert(Allocation(network=network, address=ipaddress.ip_address(a), container_id=f"c{i}",
+                                  ifname="net1"))
+    store.close()
+
+
+class Work:
+    """What a pool collect did: ipam sections parsed, store rows read, range-set scans."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from ipam import config
+        from ipam.config import RangeSet
+        from ipam.sqlite_store import SqliteTransaction
+
+        self.parsed = self.rows = self.scans = 0
+        real_parse, real_rows, real_range_of = config.parse_ipam, SqliteTransaction.allocations, RangeSet.range_of
+
+        def parse(raw: Any) -> Any:
+            self.parsed += 1
+            return real_parse(raw)
+
+        def rows(txn: Any, network: str | None = None) -> Any:
+            got = real_rows(txn, network)
+            self.rows += len(got)
+            return got
+
+        def range_of(rs: Any, address: Any) -> Any:
+            self.scans += 1
+            return real_range_of(rs, address)
+
+        monkeypatch.setattr(config, "parse_ipam", parse)
+        monkeypatch.setattr(SqliteTransaction, "allocations", rows)
+        monkeypatch.setattr(RangeSet, "range_of", range_of)
+
+    def reset(self) -> None:
+        self.parsed = self.rows = self.scans = 0
+
+
+@pytest.mark.parametrize("sets", [10, 1000])
+def test_a_pool_scrape_does_work_linear_in_its_range_sets_and_addresses(tmp_path, monkeypatch, sets):
+    """1,000 range sets × 3 pods cost 2.8 s a scrape when every set rescanned every address.
+    Now each address is placed once (a binary search), each row is read once, the ipam
+    section is parsed once per version, not per scrape: the counts below do not depend on the
+    number of sets, and the figures are those of the old per-set scan."""
+    from ipam import config
+
+    # ipam/config.py now refuses more than a few range sets in a new NAD; records made before
+    # that may still have many, and the collector's cost must not depend on that cap.
+    monkeypatch.setattr(config, "MAX_RANGE_SETS", 10_000, raising=False)
+    node = node_at(tmp_path)
+    directory = tmp_path / "ipam" / "pool"
+    pool = {**many_sets(sets), "dataDir": str(directory)}
+    held = ["10.64.0.1", "10.64.0.65", f"{ipaddress.ip_address('10.64.0.0') + 64 * (sets - 1) + 33}"]
+    hold(directory, "net-many", held)
+    records = RecordStore(node.state_dir, modes.plan_type)
+    for i in range(3):
+        records.save(record("net-many", f"c{i}", ipam=pool))
+    collector = IpamPoolCollector(lambda: node, RecordIndex(max_age=0))
+    work = Work(monkeypatch)
+    got = families(collector)
+    assert (work.parsed, work.rows, work.scans) == (1, 3, 0)
+    pools = {f.name: f for f in [*collector.collect()]}  # a second scrape: nothing parsed again
+    assert (work.parsed, work.rows, work.scans) == (1, 6, 0)
+    assert samples(pools["tenantnet_ipam_pool_used_addresses"]) == \
+        samples(got["tenantnet_ipam_pool_used_addresses"])
+
+    # The same figures as the per-set scan gave (RangeSet.range_of over every address).
+    from ipam.config import parse_ipam
+
+    conf = parse_ipam(pool)
+    expected_used, expected_size = {}, {}
+    for i, rs in enumerate(conf.range_sets):
+        key = (("family", f"ipv{rs.family}"), ("network", "net-many"), ("range_set", str(i)))
+        expected_used[key] = sum(1 for a in held if rs.range_of(ipaddress.ip_address(a)) is not None)
+        expected_size[key] = sum(hi - lo + 1 for r in rs.ranges for lo, hi in r.segments())
+    assert samples(got["tenantnet_ipam_pool_used_addresses"]) == expected_used
+    assert samples(got["tenantnet_ipam_pool_addresses"]) == expected_size
+    assert sum(expected_used.values()) == 3 and len(expected_used) == sets
+
+
+def test_pool_placement_agrees_with_range_of_for_both_families_and_holes(tmp_path):
+    """The binary search places addresses exactly as RangeSet.range_of does: v4 and v6 sets,
+    several ranges per set, gaps between ranges, addresses in no set."""
+    from ipam.config import parse_ipam
+    from tenantnet.entry.metrics import _Pool
+
+    conf = parse_ipam({"type": "tenantnet-ipam", "ranges": [
+        [{"subnet": "10.1.0.0/24", "rangeStart": "10.1.0.10", "rangeEnd": "10.1.0.20"},
+         {"subnet": "10.3.0.0/24"}],
+        [{"subnet": "fd00:1::/120"}],
+        [{"subnet": "10.2.0.0/24"}, {"subnet": "10.1.0.0/24", "rangeStart": "10.1.0.100"}],
+        [{"subnet": "fd00:2::/120", "exclude": ["fd00:2::80/121"]}]]})
+    addresses = [ipaddress.ip_address(a) for a in (
+        "10.1.0.9", "10.1.0.10", "10.1.0.20", "10.1.0.21", "10.1.0.99", "10.1.0.100", "10.1.0.254",
+        "10.2.0.1", "10.3.0.7", "10.4.0.1", "0.0.0.0", "255.255.255.255", "fd00:1::1", "fd00:1::ff",
+        "fd00:2::90", "fd00:3::1", "::")]
+    expected = [sum(1 for a in addresses if rs.range_of(a) is not None) for rs in conf.range_sets]
+    assert _Pool(conf).used(addresses) == expected
+    assert expected == [3, 2, 3, 1]
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_open_stores_are_bounded_evicted_and_closed_when_empty_or_unnamed(tmp_path):
+    """A tenant can name a data dir per NAD (within ipamDataDirs): the collector keeps at most
+    MAX_OPEN_STORES open, closes a store that holds nothing of the networks read from it, and
+    one that no record names any more — and the process's descriptors do not grow with the
+    number of data dirs."""
+    node = node_at(tmp_path)
+    records = RecordStore(node.state_dir, modes.plan_type)
+    dirs = 3 * metrics.MAX_OPEN_STORES
+    for i in range(dirs):
+        directory = tmp_path / "ipam" / f"d{i}"
+        pool = {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.9.0.0/24"}]], "dataDir": str(directory)}
+        # the first third hold an address, the rest an empty store
+        hold(directory, f"net-{i}", ["10.9.0.5"] if i < metrics.MAX_OPEN_STORES else [])
+        records.save(record(f"net-{i}", f"c{i}", ipam=pool))
+    fds = open_fds()
+    probe = SqliteStore(str(tmp_path / "ipam" / "d0"), create=False)
+    probe.allocations()
+    per_store = open_fds() - fds  # the database, its -wal and -shm (and whatever else the store holds)
+    probe.close()
+    bound = per_store * metrics.MAX_OPEN_STORES
+    collector = IpamPoolCollector(lambda: node, RecordIndex(max_age=0))
+    fds = open_fds()
+    got = families(collector)
+    assert len(got["tenantnet_ipam_pool_used_addresses"].samples) == dirs  # every network still shown
+    holding = {str(tmp_path / "ipam" / f"d{i}") for i in range(metrics.MAX_OPEN_STORES)}
+    assert set(collector.open_stores) == holding  # the empty ones were closed after their read
+    grown = open_fds() - fds
+    assert 0 < grown <= bound, (grown, per_store)
+    # More holding dirs than the bound: the least recently read are closed.
+    for i in range(metrics.MAX_OPEN_STORES, dirs):
+        hold(tmp_path / "ipam" / f"d{i}", f"net-{i}", ["10.9.0.6"])
+    families(collector)
+    assert len(collector.open_stores) == metrics.MAX_OPEN_STORES
+    assert open_fds() - fds <= bound
+    # Records gone: their stores are closed at the next scrape.
+    for i in range(dirs):
+        records.remove(f"net-{i}", f"c{i}", "net1")
+    assert families(collector)["tenantnet_ipam_pool_used_addresses"].samples == []
+    assert collector.open_stores == []
+    assert open_fds() <= fds
+
+
+# ---- a scrape never delays a CNI call ---------------------------------------------------------
+
+STALLING_AGENT = r"""
+import os, sys, threading, time
+from ipam.sqlite_store import SqliteTransaction
+from tenantnet.entry import agentctl
+
+real = SqliteTransaction.allocations
+stalled, release = sys.argv[1], sys.argv[2]
+
+def allocations(self, network=None):
+    rows = real(self, network)  # the read snapshot is open from here until it returns
+    if threading.current_thread().name.startswith("tenantnet-metrics"):
+        open(stalled, "w").close()
+        until = time.monotonic() + 120
+        while not os.path.exists(release) and time.monotonic() < until:
+            time.sleep(0.01)
+    return rows
+
+SqliteTransaction.allocations = allocations
+sys.exit(agentctl.main(sys.argv[3:]))
+"""
+
+
+def test_a_scrape_stalled_mid_collect_does_not_delay_a_cni_call(tmp_path):
+    """A real agent with one worker; a scrape's pool collector stalls inside its read snapshot
+    of a store (on the HTTP server's thread). Meanwhile an ADD through the agent allocates in
+    that same store and is answered — the stall is released only after that, so an ADD that
+    waited for the scrape (a lock, the worker, the store) would never be answered, and the
+    test fails on the ADD's own time-out, not on a duration."""
+    import json
+    import socket as sockets
+    import subprocess
+    import sys
+
+    from tenantnet.entry import agentctl, shim
+
+    with sockets.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    (tmp_path / "sock").mkdir(mode=0o700)
+    node_yaml = tmp_path / "node.yaml"
+    node_yaml.write_text(f"stateDir: {tmp_path}/state\novsdb: unix:{tmp_path}/no-ovsdb.sock\n"
+                         f"agentSocket: {tmp_path}/sock/agent.sock\nipamDataDirs: [{tmp_path}/ipam]\n"
+                         f"ipamDataDir: {tmp_path}/ipam/default\nlogFile: {tmp_path}/agent.log\n"
+                         f"metricsPort: {port}\n")
+    directory = tmp_path / "ipam" / "pool"
+    pool = {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.77.0.0/24"}]], "dataDir": str(directory)}
+    hold(directory, "net-s", ["10.77.0.10"])
+    RecordStore(str(tmp_path / "state"), modes.plan_type).save(record("net-s", "c0", ipam=pool))
+    stalled, release = tmp_path / "stalled", tmp_path / "release"
+    agent = subprocess.Popen([sys.executable, "-c", STALLING_AGENT, str(stalled), str(release),
+                              "--node-config", str(node_yaml), "run", "--workers", "1"],
+                             stderr=subprocess.PIPE)
+    sock = f"{tmp_path}/sock/agent.sock"
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        until = time.monotonic() + 60
+        while True:
+            try:
+                agentctl.query_status(sock)
+                break
+            except (shim.AgentUnavailable, shim.AgentFailed):
+                assert agent.poll() is None and time.monotonic() < until, agent.stderr.read().decode()  # type: ignore[union-attr]
+                time.sleep(0.05)
+        scraped: list[str] = []
+        scraper = threading.Thread(target=lambda: scraped.append(
+            urllib.request.urlopen(url, timeout=180).read().decode()))
+        scraper.start()
+        while not stalled.exists():
+            assert time.monotonic() < until and scraper.is_alive(), "the scrape did not reach the store"
+            time.sleep(0.01)
+
+        env = {b"CNI_COMMAND": b"ADD", b"CNI_CONTAINERID": b"c1", b"CNI_IFNAME": b"net1",
+               b"CNI_NETNS": b"/var/run/netns/x", b"CNI_PATH": b"/usr/lib/cni",
+               b"TENANTNET_CONFIG": str(node_yaml).encode()}
+        conf = json.dumps({"cniVersion": "1.0.0", "name": "net-s", "type": "tenantnet", "ipam": pool}).encode()
+        code, out, err = shim.ask(sock, "tenantnet-ipam", env, conf, 60)
+        assert code == 0, (out, err)
+        assert json.loads(out)["ips"][0]["address"].startswith("10.77.0.")
+        assert scraper.is_alive() and not scraped  # the scrape is still stalled: the ADD did not wait
+
+        release.touch()
+        scraper.join(60)
+        assert scraped
+        used = value_of(scraped[0], "tenantnet_ipam_pool_used_addresses", network="net-s")
+        assert used == 1  # the stalled read's snapshot: from before the ADD
+        time.sleep(metrics.BODY_REUSE + 0.1)
+        stalled.unlink()
+        with urllib.request.urlopen(url, timeout=180) as resp:
+            assert value_of(resp.read().decode(), "tenantnet_ipam_pool_used_addresses", network="net-s") == 2
+    finally:
+        release.touch()
+        agent.terminate()
+        agent.wait(timeout=30)
+
+
+def value_of(text: str, name: str, **labels: str) -> float | None:
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                return float(s.value)
+    return None

@@ -140,7 +140,7 @@ def _from_agent(node: Any, filters: Any) -> str | None:
     url = f"http://{f'[{host}]' if ':' in host else host}:{node.metrics_port}/metrics"
     request = urllib.request.Request(url)
     if node.metrics_token_file:
-        from tenantnet.entry.metrics import read_token
+        from tenantnet.entry.httpserve import read_token
 
         token, problem = read_token(node.metrics_token_file)
         if token is None:
@@ -200,7 +200,7 @@ def _listen(value: str, produce: Any, token_file: str) -> int:
     except KeyboardInterrupt:
         pass
     finally:
-        server.httpd.server_close()
+        server.close()
     return 0
 
 
@@ -215,8 +215,14 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     # `--node-config P` stays in front of the subcommand; everything else belongs to it.
     head = argv[:2] if argv[:1] == ["--node-config"] else []
-    args = parser.parse_args([*head, "offload", *argv[len(head):]])
-    sys.exit(args.func(args))
+
+    def run() -> int:
+        args = parser.parse_args([*head, "offload", *argv[len(head):]])
+        return int(args.func(args) or 0)
+
+    from tenantnet.entry.agentctl import exit_status_of
+
+    sys.exit(exit_status_of(run))
 
 
 if __name__ == "__main__":
