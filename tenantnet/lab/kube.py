@@ -36,6 +36,7 @@ The Python API, for tests and for the parts of tenantnet built on the lab:
     kube.apply(lab, yaml_text)
     kube.status("/run/tenantnet-kube")            # -> KubeLab (running False when it is not)
     kube.down("/run/tenantnet-kube")              # -> what was removed (idempotent)
+    kube.other_labs("/run/tenantnet-kube")        # -> the metadata of other labs running beside it
 
 The binaries come from `TENANTNET_KUBE_BIN` or the shared archive (`kubebin`).
 """
@@ -136,7 +137,7 @@ def _net_of(meta: dict[str, Any], root: str) -> NodeNet:
     return NodeNet(n["tag"], n["slot"]) if n else NodeNet(_tag(root), 0)
 
 
-def _other_labs(root: str) -> list[dict[str, Any]]:
+def other_labs(root: str) -> list[dict[str, Any]]:
     """The metadata of the other Kubernetes labs running on this machine (found by their
     node links, whose alias names their directory)."""
     found = []
@@ -234,14 +235,15 @@ def _free_port(host: str = "127.0.0.1") -> int:
 
 
 def _wait(what: str, check: Callable[[], bool], log: Path, timeout: float = READY_TIMEOUT,
-          alive: Callable[[], bool] | None = None) -> None:
+          alive: Callable[[], str | None] | None = None) -> None:
     deadline = time.monotonic() + timeout
     while True:
         with contextlib.suppress(Exception):
             if check():
                 return
-        if alive is not None and not alive():
-            raise KubeError(f"{what}: the process exited\n{_log_tail(log)}")
+        seen = alive() if alive is not None else None
+        if seen is not None:
+            raise KubeError(f"{what}: the process exited ({seen})\n{_log_tail(log)}")
         if time.monotonic() > deadline:
             raise KubeError(f"{what}: not ready after {timeout:.0f} s\n{_log_tail(log)}")
         time.sleep(0.2)
@@ -333,7 +335,7 @@ def up(root: str) -> KubeLab:
                         f"(at most {107 - 65 - len('/containerd/s')} characters; e.g. /run/tenantnet-kube)")
     if p.root.exists():
         down(root)
-    others = _other_labs(root)
+    others = other_labs(root)
     if kubehost.socket_is_live(kubehost.DEVICE_PLUGIN_SOCKET) and not others:
         raise KubeError(f"a kubelet that is not a lab's serves {kubehost.DEVICE_PLUGIN_SOCKET}: the lab's "
                         "kubelet would take its fixed paths")
@@ -375,14 +377,30 @@ def _start(p: _Paths, meta: dict[str, Any], name: str, argv: list[str],
                                     start_new_session=True, env=env, cwd=str(p.root))
         except FileNotFoundError:
             raise KubeError(f"{name}: {argv[0]} is missing") from None
-    meta["daemons"].append(asdict(kubehost.Daemon(name, proc.pid, argv[0], str(p.root))))
+    daemon = kubehost.Daemon(name, proc.pid, argv[0], str(p.root))
+    meta["daemons"].append(asdict(daemon))
     _save(p, meta)
+    # Popen returns once exec has begun, but the kernel fills /proc/<pid>/cmdline a moment later
+    # (empty or cut short until then): wait for it, or every later identity check could fail.
+    deadline = time.monotonic() + 10
+    while not kubehost.is_ours(daemon) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.01)
     return log
 
 
-def _alive(meta: dict[str, Any], name: str) -> Callable[[], bool]:
+def _alive(meta: dict[str, Any], name: str) -> Callable[[], str | None]:
+    """None while the daemon runs, else what was seen of its pid."""
     d = next(kubehost.Daemon(**x) for x in meta["daemons"] if x["name"] == name)
-    return lambda: kubehost.is_ours(d)
+
+    def gone() -> str | None:
+        if kubehost.is_ours(d):
+            return None
+        try:
+            state = Path(f"/proc/{d.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            state = "no such process"
+        return f"pid {d.pid}: {state}, command line {kubehost.cmdline(d.pid)[:2]}"
+    return gone
 
 
 def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubectl_bin: str,
@@ -692,7 +710,7 @@ def down(root: str) -> list[str]:
         removed.append(f"cgroups still busy (not removed): {', '.join(left)}")
     removed += [f"mount {m}" for m in kubehost.unmount_all_under(str(p.root))]
     if kubehost.restore_sysctls(meta.get("sysctlsBefore", {})):
-        removed.append("kernel settings the kubelet changed (restored)")
+        removed.append("kernel settings the kubelet and the bridge plugin changed (restored)")
     for link in (net.bridge, net.link):
         if os.path.exists(f"/sys/class/net/{link}"):
             subprocess.run(["ip", "link", "delete", link], capture_output=True, check=False)

@@ -14,8 +14,9 @@ records and removes:
   entries of the lab are removed, and a directory only
   when the lab created it and it is empty; a socket some other live process serves is
   never touched;
-- kernel settings the kubelet changes at start (`vm.overcommit_memory`, `kernel.panic`, …):
-  their values before are recorded and put back;
+- kernel settings the kubelet changes at start (`vm.overcommit_memory`, `kernel.panic`, …)
+  and IPv4 forwarding, which the `bridge` plugin turns on: their values before are recorded
+  and put back;
 - mounts under the lab directory (pod volumes, sandbox /dev/shm, network namespaces,
   snapshots), unmounted deepest first.
 """
@@ -32,9 +33,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_FS = Path("/sys/fs/cgroup")
-# The kubelet sets these at start (its "kernel tunables", protectKernelDefaults: false).
-KUBELET_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
-                   "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes")
+# The kubelet sets these at start (its "kernel tunables", protectKernelDefaults: false), and
+# the `bridge` CNI plugin, as the pods' gateway, turns IPv4 forwarding on.
+HOST_SYSCTLS = ("vm/overcommit_memory", "vm/panic_on_oom", "kernel/panic", "kernel/panic_on_oops",
+                "kernel/keys/root_maxkeys", "kernel/keys/root_maxbytes", "net/ipv4/ip_forward")
 DEVICE_PLUGIN_SOCKET = Path("/var/lib/kubelet/device-plugins/kubelet.sock")
 POD_RESOURCES_LINK = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 CONTAINER_LOG_LINKS = Path("/var/log/containers")
@@ -194,7 +196,7 @@ def unmount_all_under(root: str) -> list[str]:
 
 def read_sysctls() -> dict[str, str]:
     found = {}
-    for key in KUBELET_SYSCTLS:
+    for key in HOST_SYSCTLS:
         with contextlib.suppress(OSError):
             found[key] = Path("/proc/sys", key).read_text().strip()
     return found
