@@ -94,3 +94,39 @@ def test_an_unknown_tenant_network_fails_closed(lab, plugin, netns_factory, kube
     inv = plugin.add(rendered_nad(name="rail-9", tenantNetwork="rail-9"), netns_factory(), new_cid(),
                      cni_args=args("team-a"))
     assert inv.out["code"] == 120 and "no TenantNetwork rail-9 is known to this node" in inv.out["msg"]
+
+
+def test_a_vf_gets_the_tenant_networks_segment_whatever_the_nad_says(nic_lab, vfp, netns_factory, tmp_path):
+    """Mode sriov on the simulated NIC: the VF comes from the TenantNetwork's PF with its
+    VLAN; the NAD's own vlan, pf, trust and spoofchk are ignored; a VF the NAD names on a PF
+    the network does not have is refused."""
+    from tenantnet.lab.nic import LabNic, LabVfControl
+
+    [card] = LabNic(str(nic_lab.root)).describe()
+    pf = card["pf"]
+    cache = kubecache.CacheWriter(str(nic_lab.state_dir))
+    cache.put("tenantnetworks", "rail-vf", {"metadata": {"name": "rail-vf", "uid": "u-2"}, "spec": {
+        "tenants": ["team-a"], "fabric": {"mode": "sriov", "pfs": [pf]}, "vlan": 300, "rdma": "off",
+        "ipam": {"ranges": [[{"subnet": "10.79.0.0/24"}]]}}})
+    cache.put("namespaces", "team-a", kubecache.namespace_doc("team-a", {TENANT_LABEL: "team-a"}))
+    cache.mark_synced(1.0, "lab", {})
+    node = tmp_path / "node.yaml"
+    node.write_text(nic_lab.node_config.read_text() + "kubernetes: true\n")
+    vfp.extra_env["TENANTNET_CONFIG"] = str(node)
+    try:
+        pod = netns_factory()
+        cid = new_cid()
+        conf = {"cniVersion": "1.0.0", "name": "rail-vf", "type": "tenantnet", "tenantNetwork": "rail-vf",
+                "vlan": 200, "pf": "ens9f9", "trust": "on", "spoofchk": "off"}
+        inv = vfp.add(conf, pod, cid, cni_args=args("team-a"))
+        assert inv.code == 0, inv.stdout
+        [record] = [json.loads(p.read_text()) for p in nic_lab.records() if p.suffix == ".json"]
+        [vf] = [v for v in card["vfs"] if v["address"] == record["plan"]["deviceID"]]
+        state = LabVfControl(str(nic_lab.root)).read(pf, vf["index"]).to_dict()
+        assert (state["vlan"], state["trust"], state["spoofchk"]) == (300, False, True), state
+        assert vfp.call("DEL", conf, cid, pod.path, cni_args=args("team-a")).code == 0
+        # A VF named on stdin must be one of the network's PFs' VFs (here: a made-up address).
+        stray = vfp.add({**conf, "deviceID": "0000:ff:1f.7"}, netns_factory(), new_cid(), cni_args=args("team-a"))
+        assert stray.code == 1 and stray.out["code"] in (7, 120), stray.stdout
+    finally:
+        shutil.rmtree(kubecache.cache_dir(str(nic_lab.state_dir)), ignore_errors=True)
