@@ -510,6 +510,13 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     _save(p, meta)
     meta["podResourcesLink"] = kubehost.link_pod_resources(str(p.kubelet / "pod-resources" / "kubelet.sock"))
     _save(p, meta)
+    # No iptables on the kubelet's PATH: it would add KUBE-FIREWALL (a rule dropping traffic to
+    # 127.0.0.0/8 from other sources, in INPUT and OUTPUT) and KUBE-KUBELET-CANARY chains to the
+    # host's tables, with no setting to stop it, and never remove them. Without the tool it logs
+    # that it cannot and runs on (the lab has no kube-proxy and needs no rule).
+    kubelet_env = dict(env, PATH=os.pathsep.join(
+        [str(bins.dir), *(d for d in env["PATH"].split(os.pathsep)
+                          if d and not os.path.exists(os.path.join(d, "iptables")))]))
     healthz = _free_port()
     config = p.kubelet / "config.yaml"
     config.write_text(_kubelet_config(p, net, pki.ca.cert, kubelet_serving.cert, kubelet_serving.key,
@@ -517,7 +524,7 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     log = _start(p, meta, "kubelet", [
         bins["kubelet"], f"--config={config}", f"--kubeconfig={kubelet_kc}", f"--root-dir={p.kubelet}",
         f"--cert-dir={p.kubelet}/pki", f"--hostname-override={NODE_NAME}", f"--node-ip={node_ip}",
-        "--v=2"], env=env)
+        "--v=2"], env=kubelet_env)
 
     def node_ready() -> bool:
         node = json.loads(kubectl(lab_view, "get", "node", NODE_NAME, "-o", "json", timeout=20))

@@ -71,6 +71,9 @@ def _fixed_state(root: str) -> dict[str, Any]:
     found[str(logs)] = sorted(e.name for e in logs.iterdir() if e.is_symlink() and os.readlink(e).startswith(root + "/")) \
         if logs.is_dir() else []
     found["sysctls"] = kubehost.read_sysctls()
+    for tool in ("iptables-save", "ip6tables-save"):  # the kubelet must add no chain or rule
+        out = subprocess.run([tool], capture_output=True, text=True, check=False).stdout if shutil.which(tool) else ""
+        found[tool] = [line.split(" [")[0] for line in out.splitlines() if not line.startswith("#")]
     net = kube.status(root)
     found["cgroups"] = [str(h) for h in Path("/sys/fs/cgroup").glob(f"*{net.cgroup}")]
     found["links"] = [n for n in net.links if os.path.exists(f"/sys/class/net/{n}")]
