@@ -918,9 +918,10 @@ def _error_problem(doc: Any, code: int, verb: str) -> tuple[str, str] | None:
 
 def _changed_by_us(path: str, old: tuple[Any, ...] | None, fz: Fuzz, cid: str) -> bool:
     """Whether a new or changed entry is this example's doing. Anything marked, or in our own
-    or the lab's directories, is; a host-wide tenantnet path (say /var/log/tenantnet/, which
-    other runs on this machine write too) only if it is a regular file whose new bytes
-    mention this example."""
+    or the lab's directories (the overlay's upper layers included: only the plugin writes
+    there), is; tenantnet's own log directory (/var/log/tenantnet, in the upper layer), and a
+    host-wide tenantnet path, only if it is a regular file whose new bytes mention this
+    example."""
     shown = fz.view.show(path) if fz.view else path  # a path of an upper layer: as the plugin wrote it
     tenantnet_log = shown == "/var/log/tenantnet" or shown.startswith("/var/log/tenantnet/")
     if MARK in path or (path.startswith((str(fz.root) + "/", str(fz.lab.root.parent) + "/")) and not tenantnet_log):
