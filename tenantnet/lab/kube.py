@@ -279,8 +279,10 @@ def _ip(*args: str) -> None:
 def kubectl(lab: KubeLab, *args: str, timeout: float = 120, input: str | None = None) -> str:
     """Run kubectl as the lab's admin; its stdout. KubeError with its stderr on failure."""
     try:
-        proc = subprocess.run([lab.kubectl, f"--kubeconfig={lab.kubeconfig}", *args], capture_output=True,
-                              text=True, timeout=timeout, check=False, input=input)
+        # its discovery cache in the lab too (the default is ~/.kube/cache)
+        cache = Path(lab.kubeconfig).parent / "cache"
+        proc = subprocess.run([lab.kubectl, f"--kubeconfig={lab.kubeconfig}", f"--cache-dir={cache}", *args],
+                              capture_output=True, text=True, timeout=timeout, check=False, input=input)
     except subprocess.TimeoutExpired:
         raise KubeError(f"kubectl {' '.join(args)}: no answer within {timeout:.0f} s") from None
     if proc.returncode != 0:

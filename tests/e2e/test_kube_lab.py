@@ -43,7 +43,8 @@ PODS = ("tn-kube-a", "tn-kube-b")
 WATCHED = ("/var/lib/kubelet", "/var/log/pods", "/run/containerd", "/var/lib/containerd",
            "/etc/containerd", "/var/run/nri", "/opt/cni", "/etc/cni/net.d/00-multus.conf", "/var/lib/cni/multus",
            "/usr/libexec/kubernetes", "/var/run/kubernetes", "/etc/kubernetes", "/opt/containerd", "/etc/cdi",
-           "/var/run/cdi")
+           "/var/run/cdi",
+           os.path.expanduser("~/.kube"))  # kubectl's discovery cache: the lab's helper keeps it in the lab
 
 
 def _fail_unless_usable() -> None:
