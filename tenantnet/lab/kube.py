@@ -54,7 +54,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -249,10 +249,9 @@ def _wait(what: str, check: Callable[[], bool], log: Path, timeout: float = READ
         time.sleep(0.2)
 
 
-def _https_ok(url: str, ca: str | None = None, cert: tuple[str, str] | None = None) -> bool:
-    ctx = ssl.create_default_context(cafile=ca) if ca else ssl._create_unverified_context()
-    if cert:
-        ctx.load_cert_chain(*cert)
+def _https_ok(url: str, ca: str, cert: tuple[str, str]) -> bool:
+    ctx = ssl.create_default_context(cafile=ca)
+    ctx.load_cert_chain(*cert)
     with urllib.request.urlopen(url, context=ctx, timeout=3) as resp:
         return bool(resp.status == 200)
 
@@ -285,6 +284,8 @@ def kubectl(lab: KubeLab, *args: str, timeout: float = 120, input: str | None = 
                               capture_output=True, text=True, timeout=timeout, check=False, input=input)
     except subprocess.TimeoutExpired:
         raise KubeError(f"kubectl {' '.join(args)}: no answer within {timeout:.0f} s") from None
+    except OSError as exc:
+        raise KubeError(f"kubectl {' '.join(args)}: cannot run {lab.kubectl or 'kubectl'}: {exc}") from None
     if proc.returncode != 0:
         raise KubeError(f"kubectl {' '.join(args)}: {proc.stderr.strip()}")
     return proc.stdout
@@ -341,11 +342,47 @@ def up(root: str) -> KubeLab:
     if kubehost.socket_is_live(kubehost.DEVICE_PLUGIN_SOCKET) and not others:
         raise KubeError(f"a kubelet that is not a lab's serves {kubehost.DEVICE_PLUGIN_SOCKET}: the lab's "
                         "kubelet would take its fixed paths")
-    net = _choose_net(root)
+    started = time.monotonic()
+    with _machine_lock():  # two labs coming up at once must not take the same address slot
+        net = _choose_net(root)
+        _create(p, others, net, kubectl_bin)
+    try:
+        _bring_up(p, _load(p), bins, kubectl_bin, venv_bin)
+    except BaseException:
+        down(root)
+        raise
+    meta = _load(p)
+    meta["timings"]["bringUp"] = round(time.monotonic() - started, 1)
+    meta["versions"] = kubebin.versions(bins)
+    meta["binaries"] = bins.source
+    meta["complete"] = True
+    _save(p, meta)
+    return status(root)
+
+
+@contextlib.contextmanager
+def _machine_lock(timeout: float = 120.0) -> Iterator[None]:
+    """A lock for this machine (network namespace) that leaves no file behind: an abstract
+    unix socket name, released when its holder closes it or dies."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                s.bind("\0tenantnet-kube-lab-slots")
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise KubeError(f"another Kubernetes lab held the address lock for {timeout:.0f} s"
+                                    ) from None
+                time.sleep(0.1)
+        yield
+
+
+def _create(p: _Paths, others: list[dict[str, Any]], net: NodeNet, kubectl_bin: str) -> None:
+    """The lab's directory, its metadata, and its node address on a veth pair of its own."""
     p.root.mkdir(mode=0o700, parents=True)
     for d in (p.pki, p.logs, p.kubeconfigs, p.cni_bin, p.cni_conf, p.cni_state, p.kubelet):
         d.mkdir(mode=0o700, parents=True, exist_ok=True)
-    started = time.monotonic()
     # What other labs running now made at the fixed paths counts as made by a lab (the last one
     # down removes it); the kernel settings before the first lab's kubelet are the ones to restore.
     before = set(kubehost.existing_fixed_dirs())
@@ -358,16 +395,14 @@ def up(root: str) -> KubeLab:
         "sysctlsBefore": others[0]["sysctlsBefore"] if others else kubehost.read_sysctls(), "timings": {}}
     _save(p, meta)
     try:
-        _bring_up(p, meta, bins, kubectl_bin, venv_bin)
+        _ip("link", "add", net.link, "type", "veth", "peer", "name", net.peer)
+        _ip("link", "set", net.link, "alias", str(p.root))
+        _ip("addr", "add", f"{net.node_ip}/30", "dev", net.link)
+        _ip("link", "set", net.peer, "up")
+        _ip("link", "set", net.link, "up")
     except BaseException:
-        down(root)
+        down(str(p.root))
         raise
-    meta["timings"]["bringUp"] = round(time.monotonic() - started, 1)
-    meta["versions"] = kubebin.versions(bins)
-    meta["binaries"] = bins.source
-    meta["complete"] = True
-    _save(p, meta)
-    return status(root)
 
 
 def _start(p: _Paths, meta: dict[str, Any], name: str, argv: list[str],
@@ -411,13 +446,6 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     net = _net_of(meta, str(p.root))
     node_ip = net.node_ip
     ovs = ovslab.up(str(p.ovs))
-    meta["ovs"] = True
-    # The node's address: a veth pair of the lab's own, the link's alias naming the lab.
-    _ip("link", "add", net.link, "type", "veth", "peer", "name", net.peer)
-    _ip("link", "set", net.link, "alias", str(p.root))
-    _ip("addr", "add", f"{node_ip}/30", "dev", net.link)
-    _ip("link", "set", net.peer, "up")
-    _ip("link", "set", net.link, "up")
 
     pki = Pki(p.pki)
     pki.create_ca()
@@ -469,7 +497,7 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     meta["timings"]["apiserverReady"] = round(time.monotonic() - t0, 1)
 
     kc = p.kubeconfigs
-    admin_kc = write_kubeconfig(p.admin_kubeconfig, server, pki.ca.cert, admin, "admin")
+    write_kubeconfig(p.admin_kubeconfig, server, pki.ca.cert, admin, "admin")
     cm_kc = write_kubeconfig(kc / "controller-manager.kubeconfig", server, pki.ca.cert, cm,
                              "controller-manager")
     sched_kc = write_kubeconfig(kc / "scheduler.kubeconfig", server, pki.ca.cert, sched, "scheduler")
@@ -536,7 +564,6 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     _wait("the default ServiceAccount", lambda: bool(kubectl(lab_view, "get", "serviceaccount", "default",
                                                              "-o", "name", timeout=20)),
           p.logs / "kube-controller-manager.log", alive=_alive(meta, "kube-controller-manager"))
-    del admin_kc
 
 
 def _write_cni(p: _Paths, net: NodeNet, bins: kubebin.KubeBinaries, multus_kc: str, venv_bin: Path) -> None:
