@@ -70,7 +70,7 @@ NODE_NAME = "tenantnet-lab"
 SERVICE_RANGE = "172.30.254.0/24"  # only allocated, never routed (no kube-proxy)
 SLOTS = 64  # labs side by side: node /30s in 172.30.255.0/24, pod /24s 172.30.0-63.0
 KUBELET_PORT = 10250  # on the lab's own node address
-# CNI network names: libcni's result cache (/var/lib/cni/results) names its entries after them.
+# CNI network names (libcni's result cache, /var/lib/cni/results, names its entries after them).
 MULTUS_NETWORK, POD_NETWORK = "tenantnet-lab-multus", "tenantnet-lab-pods"
 CRD = Path(__file__).resolve().parents[2] / "packaging" / "crds" / "network-attachment-definitions.yaml"
 GO_PLUGINS = Path("/usr/lib/cni")
@@ -755,7 +755,7 @@ def down(root: str) -> list[str]:
     sandboxes = os.listdir(sandboxes_dir) if sandboxes_dir.is_dir() else []
     removed += kubehost.remove_fixed_paths(str(p.root), bool(meta.get("ownDeviceSocket")),
                                            meta.get("fixedDirsBefore", list(kubehost.FIXED_DIRS)),
-                                           (MULTUS_NETWORK, POD_NETWORK), sandboxes)
+                                           sandboxes)
     if p.ovs.exists():
         removed += [f"ovs: {r}" for r in ovslab.down(str(p.ovs))]
     shutil.rmtree(p.root, ignore_errors=True)

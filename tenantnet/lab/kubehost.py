@@ -10,7 +10,7 @@ records and removes:
   the processes in it are ended;
 - the kubelet's fixed paths outside its root dir (`/var/lib/kubelet/device-plugins/kubelet.sock`,
   the pod-resources symlink Multus reads, `/var/log/containers` links) and libcni's result
-  cache (`/var/lib/cni/results`, entries named after the lab's networks or sandboxes): only
+  cache (`/var/lib/cni/results`, entries naming the lab's sandboxes): only
   entries of the lab are removed, and a directory only
   when the lab created it and it is empty; a socket some other live process serves is
   never touched;
@@ -247,7 +247,7 @@ def link_pod_resources(target: str) -> bool:
 
 
 def remove_fixed_paths(root: str, own_device_socket: bool, dirs_before: list[str],
-                       networks: tuple[str, ...], sandboxes: list[str]) -> list[str]:
+                       sandboxes: list[str]) -> list[str]:
     """Remove what the lab left at the fixed paths (see the module doc); what was removed."""
     removed = []
     prefix = os.path.abspath(root).rstrip("/") + "/"
@@ -265,10 +265,10 @@ def remove_fixed_paths(root: str, own_device_socket: bool, dirs_before: list[str
                 removed.append(str(entry))
     if LIBCNI_RESULTS.is_dir():
         for entry in LIBCNI_RESULTS.iterdir():
-            # <network>-<container id>-<ifname>: the lab's networks, and containerd's own
-            # loopback network (`cni-loopback`) for the lab's sandboxes
-            if entry.name.startswith(tuple(f"{n}-" for n in networks)) or \
-                    any(f"-{sandbox}-" in entry.name for sandbox in sandboxes):
+            # <network>-<sandbox id>-<ifname>, of Multus's network and of containerd's own
+            # loopback one (`cni-loopback`): those of the lab's sandboxes (a DEL that never
+            # came), never another lab's
+            if any(f"-{sandbox}-" in entry.name for sandbox in sandboxes):
                 entry.unlink()
                 removed.append(str(entry))
     for d in FIXED_DIRS:
