@@ -130,3 +130,32 @@ def test_a_vf_gets_the_tenant_networks_segment_whatever_the_nad_says(nic_lab, vf
         assert stray.code == 1 and stray.out["code"] in (7, 120), stray.stdout
     finally:
         shutil.rmtree(kubecache.cache_dir(str(nic_lab.state_dir)), ignore_errors=True)
+
+
+def test_an_in_process_add_imports_no_client_library(lab, plugin, netns_factory, kube_node, no_leftovers):
+    """No API request on the ADD path: a whole ADD and DEL in one process (the shim's
+    in-process path, as without an agent) leave lightkube and its HTTP client unimported."""
+    import subprocess
+    import sys
+
+    pod = netns_factory()
+    cid = new_cid()
+    env = {**plugin.env("ADD", cid, pod.path, "net1", cni_args=args("team-a")),
+           "TENANTNET_CONFIG": str(kube_node)}
+    code = (
+        "import json, os, sys\n"
+        "from tenantnet.entry.plugin import run_in_process\n"
+        f"conf = json.dumps({rendered_nad()!r}).encode()\n"
+        "rc, out = run_in_process(dict(os.environ), conf)\n"
+        "assert rc == 0, out\n"
+        "rc, out = run_in_process({**os.environ, 'CNI_COMMAND': 'DEL'}, conf)\n"
+        "assert rc == 0, out\n"
+        "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('lightkube', 'kubernetes', 'kr8s', 'httpx', 'httpx2', 'tenantnet'))))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stdout + done.stderr
+    modules = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "tenantnet.plugin.tnadmit" in modules  # the ADD went through Kubernetes mode
+    assert not [m for m in modules if not m.startswith("tenantnet")], modules
+    assert not [m for m in modules if m.startswith("tenantnet.kube")], modules
