@@ -207,7 +207,8 @@ def test_a_missing_store_is_refused_clearly(tmp_path: Path, etcd: EtcdServer) ->
 
 def test_the_executable_reads_the_cluster_store_from_the_node_config(tmp_path: Path, etcd: EtcdServer) -> None:
     node_config = tmp_path / "tenantnet.yaml"
-    node_config.write_text(f"logFile: {tmp_path}/log/tn.log\nipamDataDirs: [{tmp_path}]\nnodeName: node-x\n"
+    node_config.write_text(f"stateDir: {tmp_path}/state\nlogFile: {tmp_path}/log/tn.log\nipamDataDirs: [{tmp_path}]\n"
+                           "nodeName: node-x\n"
                            f"etcdEndpoints: [{etcd.endpoint}]\netcdPrefix: /tn-test/\nclusterPools: [10.92.0.0/16]\n"
                            f"agentSocket: {tmp_path}/nobody.sock\n")
     raw = {"cniVersion": "1.0.0", "name": "rail-0", "type": "tenantnet-ipam",

@@ -43,7 +43,8 @@ def test_exec_adds_queued_behind_a_claim_that_finds_etcd_frozen_all_fail_with_it
     assert server.proc is not None
     etcd_pid = server.proc.pid
     node_config = tmp_path / "tenantnet.yaml"
-    node_config.write_text(f"logFile: {tmp_path}/log/tn.log\nipamDataDirs: [{tmp_path}]\nnodeName: node-x\n"
+    node_config.write_text(f"stateDir: {tmp_path}/state\nlogFile: {tmp_path}/log/tn.log\nipamDataDirs: [{tmp_path}]\n"
+                           "nodeName: node-x\n"
                            f"etcdEndpoints: [{server.endpoint}]\netcdPrefix: /tn-outage/\netcdTimeout: 1\n"
                            f"clusterPools: [10.93.0.0/16]\nagentSocket: {tmp_path}/nobody.sock\n")
     data_dir = tmp_path / "store"

@@ -52,7 +52,7 @@ def call(command: str, config: dict[str, Any], netns: str) -> tuple[int, Any]:
     data_dir = os.path.dirname(config["ipam"]["dataDir"])
     node = os.path.join(data_dir, "node.yaml")
     with open(node, "w") as fh:
-        fh.write(f"ipamDataDirs: [{data_dir}]\nlogFile: {data_dir}/log/tenantnet.log\n")
+        fh.write(f"ipamDataDirs: [{data_dir}]\nlogFile: {data_dir}/log/tenantnet.log\nstateDir: {data_dir}/state\n")
     env["TENANTNET_CONFIG"] = node
     env.update(CNI_COMMAND=command, CNI_CONTAINERID=f"ctr-{netns}", CNI_IFNAME="eth0",
                CNI_NETNS=f"/var/run/netns/{netns}",

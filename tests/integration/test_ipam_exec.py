@@ -37,7 +37,9 @@ def proc_env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     # The node config's ipamDataDirs decide where a config's dataDir may be: this test's tree.
     node = tmp_path_factory.getbasetemp() / "ipam-exec-node.yaml"
     base = tmp_path_factory.getbasetemp()
-    node.write_text(f"ipamDataDirs: [{base}]\nresolvConfPaths: [{base}]\nlogFile: {base}/log/tenantnet.log\n")
+    # stateDir too: nothing of these tests goes to the host's /var/lib/tenantnet
+    node.write_text(f"ipamDataDirs: [{base}]\nresolvConfPaths: [{base}]\nlogFile: {base}/log/tenantnet.log\n"
+                    f"stateDir: {base}/state\n")
     env["TENANTNET_CONFIG"] = str(node)
     # compile once, before dozens of processes start at the same instant
     subprocess.run([str(IPAM)], env=dict(env, CNI_COMMAND="VERSION"), capture_output=True,
