@@ -118,7 +118,7 @@ def exec_comparison(n: int) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as d:
         base["PYTHONPYCACHEPREFIX"] = os.path.join(d, "pycache")
         node_config = Path(d, "tenantnet.yaml")
-        node_config.write_text(f"logFile: {d}/log/tenantnet.log\nipamDataDirs: [{d}]\n")
+        node_config.write_text(f"logFile: {d}/log/tenantnet.log\nipamDataDirs: [{d}]\nstateDir: {d}/state\n")
         base["TENANTNET_CONFIG"] = str(node_config)
         ours = json.dumps(conf(os.path.join(d, "ours"))).encode()
         theirs = json.dumps(conf(os.path.join(d, "hl"), "host-local")).encode()
