@@ -336,8 +336,11 @@ def up(root: str) -> KubeLab:
     if len(str(p.containerd / "s")) + 65 > 107:
         raise KubeError(f"{p.root}: too long a path for containerd's shim sockets under it "
                         f"(at most {107 - 65 - len('/containerd/s')} characters; e.g. /run/tenantnet-kube)")
+    if p.root.exists() and not p.meta.exists():
+        raise KubeError(f"{p.root} exists and holds no Kubernetes lab (another lab's, or anything else): "
+                        "choose another --dir, or take that lab down first")
     if p.root.exists():
-        down(root)
+        down(root)  # a half-made or crashed lab of ours
     others = other_labs(root)
     if kubehost.socket_is_live(kubehost.DEVICE_PLUGIN_SOCKET) and not others:
         raise KubeError(f"a kubelet that is not a lab's serves {kubehost.DEVICE_PLUGIN_SOCKET}: the lab's "
@@ -380,9 +383,6 @@ def _machine_lock(timeout: float = 120.0) -> Iterator[None]:
 
 def _create(p: _Paths, others: list[dict[str, Any]], net: NodeNet, kubectl_bin: str) -> None:
     """The lab's directory, its metadata, and its node address on a veth pair of its own."""
-    p.root.mkdir(mode=0o700, parents=True)
-    for d in (p.pki, p.logs, p.kubeconfigs, p.cni_bin, p.cni_conf, p.cni_state, p.kubelet):
-        d.mkdir(mode=0o700, parents=True, exist_ok=True)
     # What other labs running now made at the fixed paths counts as made by a lab (the last one
     # down removes it); the kernel settings before the first lab's kubelet are the ones to restore.
     before = set(kubehost.existing_fixed_dirs())
@@ -393,7 +393,10 @@ def _create(p: _Paths, others: list[dict[str, Any]], net: NodeNet, kubectl_bin: 
         "net": asdict(net), "fixedDirsBefore": sorted(before),
         "ownDeviceSocket": not kubehost.DEVICE_PLUGIN_SOCKET.exists() or bool(others),
         "sysctlsBefore": others[0]["sysctlsBefore"] if others else kubehost.read_sysctls(), "timings": {}}
-    _save(p, meta)
+    p.root.mkdir(mode=0o700, parents=True)
+    _save(p, meta)  # first: a directory without it is not taken for a lab (up refuses, down leaves it)
+    for d in (p.pki, p.logs, p.kubeconfigs, p.cni_bin, p.cni_conf, p.cni_state, p.kubelet):
+        d.mkdir(mode=0o700, parents=True, exist_ok=True)
     try:
         _ip("link", "add", net.link, "type", "veth", "peer", "name", net.peer)
         _ip("link", "set", net.link, "alias", str(p.root))
@@ -708,8 +711,8 @@ def down(root: str) -> list[str]:
     p = _Paths(root)
     meta = _load(p)
     removed: list[str] = []
-    if not meta and not p.root.exists():
-        return removed
+    if not p.meta.exists():
+        return removed  # not a Kubernetes lab (nothing, or another kind of lab): not ours to remove
     daemons = {d["name"]: kubehost.Daemon(**d) for d in meta.get("daemons", [])}
     lab = status(root)
     lab.kubectl = meta.get("kubectl", "")

@@ -118,3 +118,22 @@ def test_images_share_one_busybox_layer(tmp_path: Path, monkeypatch: pytest.Monk
         assert rootfs.extractfile("bin/busybox").read() == fake.read_bytes()  # type: ignore[union-attr]
         links = {m.name: m.linkname for m in rootfs.getmembers() if m.issym()}
     assert {links[f"bin/{a}"] for a in ("sh", "sleep", "ping", "ip")} == {"busybox"}
+
+
+def test_each_lab_names_its_own_host_resources(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Labs side by side: links (at most 15 characters), cgroup and addresses differ by dir;
+    a slot whose node address or pod subnet this machine already uses is passed over."""
+    from tenantnet.lab import kube
+
+    a, b = kube.NodeNet(kube._tag("/run/lab-a"), 0), kube.NodeNet(kube._tag("/run/lab-b"), 0)
+    assert len({a.link, a.peer, a.bridge, b.link, b.peer, b.bridge}) == 6
+    assert all(len(n) <= 15 for n in (a.link, a.peer, a.bridge)) and a.cgroup != b.cgroup
+    first = (int(kube._tag("/run/lab-a"), 16)) % kube.SLOTS
+    taken = kube.NodeNet("x", first)
+    second = kube.NodeNet("x", (first + 1) % kube.SLOTS)
+    outputs = {"ip addr": f"5: tk0n    inet {taken.node_ip}/30 scope global tk0n\n",
+               "ip route": f"{second.pod_subnet} dev tk1b proto kernel scope link\n"}
+    monkeypatch.setattr(kube, "_run", lambda cmd, what, **_: outputs[what])
+    chosen = kube._choose_net("/run/lab-a")
+    assert chosen.slot == (first + 2) % kube.SLOTS, "the slots whose addresses are in use are passed over"
+    assert chosen.node_ip.startswith("172.30.255.") and chosen.pod_subnet.endswith(".0/24")
