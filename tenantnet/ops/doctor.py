@@ -54,7 +54,9 @@ from tenantnet.ops.kubeclient import KubeUnavailable, read_bounded, run_bounded
 DEFAULT_CNI_CONF_DIR = "/etc/cni/net.d"
 DEFAULT_CNI_BIN_DIR = "/opt/cni/bin"
 DEFAULT_TIMEOUT = 5.0
+# The ServiceAccounts packaging/rbac.yaml binds: the DaemonSet's agent and the renderer's.
 DEFAULT_SERVICE_ACCOUNT = "kube-system/tenantnet"
+DEFAULT_RENDERER_SERVICE_ACCOUNT = "kube-system/tenantnet-renderer"
 MULTUS_SOCKET_DIR = "/run/multus/"  # multus-shim's daemonSocketDir default
 MAX_CONF_FILES = 256  # a conf dir with more is read this far (libcni would pick among these)
 NAD_CRD = "network-attachment-definitions.k8s.cni.cncf.io"
@@ -106,7 +108,7 @@ class Options:
     cni_bin_dir: str = DEFAULT_CNI_BIN_DIR
     timeout: float = DEFAULT_TIMEOUT
     agent_service_account: str = DEFAULT_SERVICE_ACCOUNT
-    renderer_service_account: str = DEFAULT_SERVICE_ACCOUNT
+    renderer_service_account: str = DEFAULT_RENDERER_SERVICE_ACCOUNT
     kube_client: str = "auto"  # auto (kubectl when on PATH) | kubectl | builtin
     environ: dict[str, str] = field(default_factory=lambda: dict(os.environ))
 
@@ -885,9 +887,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                    help=f"seconds each probe may take (default {DEFAULT_TIMEOUT:g})")
     p.add_argument("--agent-service-account", default=DEFAULT_SERVICE_ACCOUNT, metavar="NS/NAME",
                    help=f"the agent's ServiceAccount, for the RBAC check (default {DEFAULT_SERVICE_ACCOUNT})")
-    p.add_argument("--renderer-service-account", default=DEFAULT_SERVICE_ACCOUNT, metavar="NS/NAME",
+    p.add_argument("--renderer-service-account", default=DEFAULT_RENDERER_SERVICE_ACCOUNT, metavar="NS/NAME",
                    help="the NAD renderer's ServiceAccount, for the RBAC check (default "
-                        f"{DEFAULT_SERVICE_ACCOUNT})")
+                        f"{DEFAULT_RENDERER_SERVICE_ACCOUNT})")
     p.add_argument("--kube-client", choices=("auto", "kubectl", "builtin"), default="auto",
                    help="how to reach the API server: kubectl (auto: when on PATH) or the built-in client")
     p.add_argument("--json", action="store_true", help="machine-readable output")

@@ -249,8 +249,9 @@ class FakeApi:
 
 
 AGENT_SA = "system:serviceaccount:kube-system:tenantnet"
+RENDERER_SA = "system:serviceaccount:kube-system:tenantnet-renderer"  # packaging/rbac.yaml's
 ALL_ALLOWED = {(AGENT_SA, v, r) for v in ("list", "watch") for r in ("tenantnetworks.tenantnet.io", "namespaces")} \
-    | {(AGENT_SA, "create", "network-attachment-definitions.k8s.cni.cncf.io")}
+    | {(RENDERER_SA, "create", "network-attachment-definitions.k8s.cni.cncf.io")}
 
 
 def kubeconfig(path: Path, server: str) -> Path:
@@ -381,9 +382,9 @@ def test_a_healthy_node_passes_every_check(node: Node) -> None:
     assert "0000:3b:00.0, 2 VFs" in checks["PF lpf0"].detail
     assert "pid 4242 (root)" in checks["agent"].detail
     assert node.agent.asked == [STATUS_OP]
-    # The RBAC questions were asked as the ServiceAccount, with its groups.
+    # The RBAC questions were asked as each ServiceAccount, with its groups.
     posts = [s for s in node.api.seen if s["method"] == "POST"]
-    assert posts and all(s["user"] == AGENT_SA for s in posts)
+    assert posts and {s["user"] for s in posts} == {AGENT_SA, RENDERER_SA}
     assert "system:serviceaccounts:kube-system" in posts[0]["groups"]
     assert doctor.exit_code(list(checks.values())) == 0
 
@@ -753,7 +754,8 @@ def test_through_kubectl(node: Node) -> None:
     assert "may not list tenantnetworks.tenantnet.io" in checks["RBAC agent"].detail
     assert checks["RBAC renderer"].status == Status.PASS
     posts = [s for s in node.api.seen if s["method"] == "POST"]
-    assert posts and all(s["user"] == AGENT_SA and "system:serviceaccounts" in s["groups"] for s in posts)
+    assert posts and all(s["user"] in (AGENT_SA, RENDERER_SA) and "system:serviceaccounts" in s["groups"]
+                         for s in posts)
 
 
 # ---- bounds, output, the command line -----------------------------------------------------------
