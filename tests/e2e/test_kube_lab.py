@@ -173,7 +173,7 @@ def _pod_manifest(name: str) -> dict[str, Any]:
             "metadata": {"name": name, "annotations": {"k8s.v1.cni.cncf.io/networks": NAD}},
             "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
                 "name": "main", "image": kubeimages.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
-                "command": ["sleep", "3600"]}]}}
+                "command": ["sh", "-c", "echo tenantnet-lab-ready; exec sleep 3600"]}]}}
 
 
 def test_failed_bring_up_says_why_and_leaves_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -251,6 +251,9 @@ def test_pods_get_net1_from_tenantnet_and_reach_each_other(klab: Lab) -> None:
         seen = klab.kubectl("exec", pod, "--", "ip", "-o", "-4", "addr", "show", "dev", "net1")
         assert f"inet {ip}/{SUBNET.prefixlen}" in seen, seen
         addrs[pod] = ip
+
+    # kubectl logs goes API server -> kubelet on the node address, like exec
+    assert klab.kubectl("logs", PODS[0]).strip() == "tenantnet-lab-ready"
 
     records = klab.tenantnet("ls")
     assert sorted((r["pod"], r["ifname"], r["vlan"], r["mode"]) for r in records) == \
