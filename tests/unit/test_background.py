@@ -56,10 +56,18 @@ def test_a_burst_beyond_the_helpers_runs_every_step_once_on_at_most_HELPERS_thre
 def test_an_idle_helper_takes_the_next_step_at_once() -> None:
     base.in_background(lambda: None).result()
     time.sleep(0.01)  # the helper is back to waiting
-    started = time.monotonic()
     gate = threading.Event()
-    first = base.in_background(gate.wait, 5)
+    first_returned = threading.Event()
+
+    def blocked() -> bool:
+        opened = gate.wait(60)  # held until the test opens the gate (60 s: only if it never does)
+        first_returned.set()
+        return opened
+
+    first = base.in_background(blocked)
     second = base.in_background(lambda: "done")  # must not queue behind the blocked one
-    assert second.result() == "done" and time.monotonic() - started < 2
+    # No clock: the second step was answered while the first was still blocked (queued behind
+    # it, it would have been answered only once the first had returned, after 60 s).
+    assert second.result() == "done" and not first_returned.is_set()
     gate.set()
     assert first.result() is True

@@ -59,22 +59,17 @@ def samples(family: Any) -> dict[tuple[tuple[str, str], ...], float]:
 
 # ---- a scrape never blocks a CNI call ---------------------------------------------------------
 
-def quick(took: list[float]) -> None:
-    """Calls made during a 2 s report build returned in < 10 ms: all but the 1 % the OS
-    preempted (a loaded 2-core box can stall any thread for a few scheduler ticks), and even
-    those far sooner than the build, so none of them waited for it."""
-    ordered = sorted(took)
-    assert ordered[int(0.99 * (len(ordered) - 1))] < 0.010, ordered[-10:]
-    assert ordered[-1] < 0.25, ordered[-10:]
-
-
 def test_observe_does_not_wait_for_a_slow_scrape_and_a_second_scrape_gets_the_last_report(tmp_path):
+    """What is checked is what happened, not how long it took: the report build is held on a
+    gate the test opens, and the CNI calls and scrapes made meanwhile all return while it is
+    still held — had any of them waited for the build, it would not have returned at all."""
     node = node_at(tmp_path)
     builds: list[float] = []
+    gate = threading.Event()  # closed: a build in progress stays in progress
 
     def slow_build(_: Any, __: list[str]) -> Report:
         builds.append(time.monotonic())
-        time.sleep(2)
+        assert gate.wait(120), "the test never let the build end"
         snap = Snapshot(target=Target("x", "test"), duration=2.0)
         return Report(hostname="h", generated=time.time(), snapshot=snap, datapaths=[], attachments=[])
 
@@ -84,42 +79,54 @@ def test_observe_does_not_wait_for_a_slow_scrape_and_a_second_scrape_gets_the_la
     url = f"http://{host}:{port}/metrics"
     try:
         def get() -> str:
-            with urllib.request.urlopen(url, timeout=30) as resp:
+            with urllib.request.urlopen(url, timeout=60) as resp:
                 assert resp.status == 200
                 return resp.read().decode()
 
-        def observe_while(thread: threading.Thread) -> list[float]:
-            took = []
-            while thread.is_alive():
-                started = time.perf_counter()
-                m.observe("tenantnet", "ADD", 0.005, 1, 7)
-                took.append(time.perf_counter() - started)
-                time.sleep(0.001)
-            return took
+        def observe_while_the_build_is_held() -> None:
+            """200 CNI calls observed on a thread of their own all return while the build is
+            held (the 60 s only bounds the wait for a broken build: it is no threshold)."""
+            finished = threading.Event()
 
-        # The first scrape builds the report (2 s); CNI calls meanwhile are not held up.
+            def calls() -> None:
+                for _ in range(200):
+                    m.observe("tenantnet", "ADD", 0.005, 1, 7)
+                finished.set()
+
+            threading.Thread(target=calls, daemon=True).start()
+            assert finished.wait(60), "a CNI call waited for the report build"
+            assert not gate.is_set()  # ... which was still held when they had all returned
+
+        def wait_for_builds(n: int) -> None:
+            deadline = time.monotonic() + 60
+            while len(builds) < n and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert len(builds) == n, builds
+
+        # The first scrape builds the report on its own thread (there is nothing to serve
+        # yet); CNI calls meanwhile are not held up.
         first: list[str] = []
         scraper = threading.Thread(target=lambda: first.append(get()))
         scraper.start()
-        took = observe_while(scraper)
+        wait_for_builds(1)
+        observe_while_the_build_is_held()
+        assert scraper.is_alive() and not first  # that scrape is still waiting for the build
+        gate.set()
+        scraper.join(60)
         assert len(builds) == 1 and first and "tenantnet_offload_up 1.0" in first[0]
-        assert len(took) > 100
-        quick(took)
 
         # The report is now older than metricsOffloadInterval (1 s): the next scrape starts a
-        # rebuild on a thread of its own and is answered with the last report at once, as is
-        # a scrape while the rebuild runs; CNI calls meanwhile are not held up.
+        # rebuild on a thread of its own and is answered with the last report while that
+        # rebuild is held, as is a scrape after it; CNI calls meanwhile are not held up.
+        gate.clear()
         time.sleep(1.1)
-        started = time.monotonic()
         second = get()
-        assert time.monotonic() - started < 1.0 and "tenantnet_offload_up 1.0" in second
-        while len(builds) < 2:
-            time.sleep(0.01)
-        started = time.monotonic()
-        assert "tenantnet_offload_up 1.0" in get() and time.monotonic() - started < 1.0
-        rebuilding = threading.Thread(target=offload.settle)
-        rebuilding.start()
-        quick(observe_while(rebuilding))
+        assert "tenantnet_offload_up 1.0" in second
+        wait_for_builds(2)
+        assert "tenantnet_offload_up 1.0" in get() and not gate.is_set()
+        observe_while_the_build_is_held()
+        gate.set()
+        assert offload.settle()
         assert len(builds) == 2
         parsed = {f.name: f for f in text_string_to_metric_families(second)}
         errors = parsed["tenantnet_cni_errors"].samples
