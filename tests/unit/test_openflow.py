@@ -430,7 +430,9 @@ def test_silent_socket_times_out(tmp_path: Path) -> None:
         started = time.monotonic()
         with pytest.raises(of.OpenflowError, match="did not answer within 0.3 s"):
             of.Switch(f"unix:{path}", timeout=0.3).rules(0, 0)
-        assert time.monotonic() - started < 1.0
+        # The message shows the 0.3 s time-out ended the call; the clock only rules out a hang
+        # (a silent switch never answers): 10 s, far above the 0.3 s even on a loaded machine.
+        assert time.monotonic() - started < 10
     finally:
         listener.close()
 
