@@ -6,13 +6,16 @@ The filesystem watcher compares `path -> (st_ino, st_size, st_mtime_ns, st_mode)
 bounded set of directories (direct children only, `lstat`, never following a link) before
 and after one plugin call, in three kinds of directory:
 
-- *private* ones: `/var/lib` and `/var/log`, where tenantnet's defaults point and where other
-  runs on the machine (libcni's result cache, other tenantnet nodes' IPAM stores and logs)
-  write all the time. The process under test sees them through an overlay whose upper layer
-  is the suite's own (`PrivateWrites`): everything in the upper layers is its doing and is a
-  finding, whatever its name; the real directories are not looked at;
-- *quiet* ones (`/etc`, `/root`, `/dev/shm`, …) that nothing else on the test
-  machine writes into while the suite runs: every change among their children is a finding;
+- *private* ones: `/var/lib`, `/var/log`, `/etc`, `/root` and `/dev/shm` (those with nothing
+  mounted below them), where tenantnet's defaults point and where other runs on the machine
+  (libcni's result cache, other nodes' IPAM stores and logs, the Kubernetes lab, any
+  Python's semaphores) write all the time. The process under test sees them through an
+  overlay whose upper layer is the suite's own (`PrivateWrites`): everything in the upper
+  layers is its doing and is a finding, whatever its name; the real directories are watched
+  only for opens of the suite's own decoys (an open through the overlay is reported on the
+  real file);
+- *quiet* ones (`/etc/...`, `/run/k8s.cni.cncf.io`, … when not below a private one) that
+  nothing else on the test machine writes into: every change among their children is a finding;
 - *busy* ones (`/`, `/tmp`, `/run`, the working directories, and the nearest existing
   ancestor of every path a case names, e.g. inside the lab) that other work writes into
   all the time: there only the entries the case names (and their `.tmp.*`-style siblings)
@@ -72,6 +75,7 @@ class Watch:
     full: set[str] = field(default_factory=set)
     targeted: dict[str, set[str]] = field(default_factory=dict)
     named: set[str] = field(default_factory=set)  # the absolute candidates of every named path
+    opens: set[str] = field(default_factory=set)  # dirs watched by inotify for sensitive opens only
 
     def target(self, directory: str, prefix: str) -> None:
         self.targeted.setdefault(directory, set()).add(prefix)
@@ -126,8 +130,15 @@ class FsWatcher:
                 return f"{shown} (in the overlay's upper layer {path})"
         return path
 
+    def _covered(self, path: str) -> bool:
+        return any(path == d or path.startswith(d + "/") for d in self._under_private)
+
     def plan(self, named: Iterable[str], cwds: Iterable[str]) -> Watch:
-        watch = Watch(full={d for d in self.quiet if os.path.isdir(d)})
+        # A quiet directory below a private one is seen in the upper layer; the real one is
+        # still watched by inotify, for opens of the suite's decoys (an open through the
+        # overlay is reported on the real file).
+        watch = Watch(full={d for d in self.quiet if os.path.isdir(d) and not self._covered(d)})
+        watch.opens = {d for d in self.quiet if os.path.isdir(d) and self._covered(d)}
         for pw in self.private:
             watch.full |= pw.directories()
         for d in self.busy:
@@ -136,7 +147,7 @@ class FsWatcher:
         for value in named:
             for p in self.candidates(value, cwds):
                 watch.named.add(p)
-                if p == "/" or any(p == d or p.startswith(d + "/") for d in self._under_private):
+                if p == "/" or self._covered(p):
                     continue  # below a private directory: its upper layer is watched whole
                 if os.path.isdir(p) and not os.path.islink(p) and p not in watch.full:
                     # A directory a case names (a dataDir): what an IPAM plugin would put in it.
@@ -216,7 +227,7 @@ class FsWatcher:
         """Stat snapshot plus inotify on every watched directory, from now until `end`."""
         if self.inotify is None:
             self.inotify = Inotify()
-        for d in watch.full | set(watch.targeted):
+        for d in watch.full | set(watch.targeted) | watch.opens:
             try:
                 ino = os.stat(d).st_ino
             except OSError:
@@ -241,7 +252,7 @@ class FsWatcher:
         sensitive = set(sensitive)
         events = session.inotify.read()
         session.after = self.snapshot(session.watch)
-        dirs = session.watch.full | set(session.watch.targeted)
+        dirs = session.watch.full | set(session.watch.targeted) | session.watch.opens
         out = self.diff(session.before, session.after, mine)
         seen = set()
         for directory, mask, name in events:
@@ -253,7 +264,7 @@ class FsWatcher:
                     seen.add(("opened", path))
                     out.append(f"opened {path} (a read outside tenantnet's directories)")
                 continue
-            if not self._wanted(directory, name, session.watch):
+            if directory in session.watch.opens or not self._wanted(directory, name, session.watch):
                 continue
             for bit, word in _EVENT_WORDS:
                 if mask & bit and (word, path) not in seen:
@@ -295,12 +306,21 @@ class Session:
 
 CLONE_NEWNS = 0x00020000
 MS_BIND, MS_REC, MS_SLAVE = 0x1000, 0x4000, 1 << 19
-PRIVATE_DIRS = ("/var/lib", "/var/log")
+PRIVATE_DIRS = ("/var/lib", "/var/log", "/etc", "/root", "/dev/shm")
+
+
+def _has_submounts(d: str) -> bool:
+    """Is anything mounted below `d`? (An overlay on `d` would hide it from the process.)"""
+    with open("/proc/self/mountinfo") as fh:
+        points = [line.split()[4] for line in fh]
+    return any(p.startswith(d.rstrip("/") + "/") for p in points)
 
 
 class PrivateWrites:
-    """Host directories that every run on the machine writes into (`/var/lib`: libcni's
-    cache, tenantnet's default state and IPAM store; `/var/log`), as the process under test
+    """Host directories that other runs on the machine write into (`/var/lib`: libcni's
+    cache, tenantnet's default state and IPAM store; `/var/log`; `/etc`: the Kubernetes lab's
+    CNI configuration; `/root`: its kubeconfig; `/dev/shm`: any Python's semaphores), as the
+    process under test
     sees them: an overlay whose lower layer is the real directory and whose upper layer is a
     directory this test owns, in a mount namespace of the process's own. The process reads
     the real files, and whatever it creates, writes, re-modes or removes there lands in the
@@ -319,8 +339,8 @@ class PrivateWrites:
     def __init__(self, root: Path, dirs: Iterable[str] = PRIVATE_DIRS) -> None:
         self.layers: dict[str, tuple[Path, Path]] = {}  # host directory -> (upper, work)
         for d in dirs:
-            if not os.path.isdir(d) or os.path.islink(d):
-                continue
+            if not os.path.isdir(d) or os.path.islink(d) or _has_submounts(d):
+                continue  # a directory with mounts below it stays a watched host directory
             key = d.strip("/").replace("/", "-")
             upper, work = root / f"{key}-upper", root / f"{key}-work"
             upper.mkdir(parents=True, exist_ok=True, mode=0o755)
@@ -401,7 +421,8 @@ def stand_ins(binds: dict[str, str]) -> Callable[[], None]:
 class OtherWork:
     """What other runs on the machine do while a test watches, made by the test itself to show
     that its watchers ignore it: libcni's result cache and another node's IPAM store under
-    /var/lib, another node's log under /var/log, a Linux bridge, and a veth pair named like
+    /var/lib, another node's log under /var/log, a Multus configuration under /etc, a file
+    in /root, a semaphore in /dev/shm, a Linux bridge, and a veth pair named like
     another attachment's host veth (`tn` + 11 hex digits). Names carry no hex tag (the old
     watchers' way of telling another run's names apart), so only attribution can ignore
     them. `start()` makes them (and one file it removes again at once), `stop()` removes
@@ -410,7 +431,8 @@ class OtherWork:
     def __init__(self) -> None:
         letters = "".join(random.choice("ghijklmnopqrstuvwxyz") for _ in range(8))
         self.files = [f"/var/lib/cni/results/othernet-{letters}-eth0", f"/var/lib/tenantnet/ipam/{letters}/ipam.db-shm",
-                      f"/var/log/tenantnet/other-{letters}.log"]
+                      f"/var/log/tenantnet/other-{letters}.log", f"/etc/kubernetes/cni/net.d/00-other-{letters}.conf",
+                      f"/root/.other-{letters}", f"/dev/shm/sem.other-{letters}"]
         self.churn = f"/var/lib/cni/results/othernet-{letters}-gone"
         self.links = {"bridge": f"brx{letters[:8]}", "veth": "tn" + uuid.uuid4().hex[:11]}
         self.made_dirs: list[str] = []

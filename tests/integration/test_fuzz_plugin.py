@@ -11,14 +11,14 @@ fresh netns and then DEL with the same input, and checks:
 - After the DEL nothing is left: no OVS port of ours, no host link of this example, no
   record or temp file under the state dir's attachments, no allocation in the lab's IPAM
   directories.
-- Nothing outside the lab's directories was created, changed or removed: /, /etc, /root,
-  /tmp, /run and /dev/shm, the lab's parent directory, the lab's own directory outside the
-  places tenantnet may write, and the plugin's working directory are snapshotted around
-  every example. /var/lib and /var/log (libcni's cache, tenantnet's default state, IPAM
-  store and log: other runs on this machine write there all the time) are seen by the
-  plugin through an overlay whose upper layer is this file's own (hostile_support
-  .PrivateWrites, entered by the one worker thread every call runs on): whatever is in the
-  upper layers is the plugin's doing, whatever its name. Nothing was written into a FIFO the config names; no
+- Nothing outside the lab's directories was created, changed or removed: /, /tmp and /run,
+  the lab's parent directory, the lab's own directory outside the places tenantnet may
+  write, and the plugin's working directory are snapshotted around every example. /var/lib,
+  /var/log, /etc, /root and /dev/shm (libcni's cache, tenantnet's default state, IPAM store
+  and log, the Kubernetes lab's files, semaphores: other runs on this machine write there
+  all the time) are seen by the plugin through overlays whose upper layers are this file's
+  own (hostile_support.PrivateWrites, entered by the one worker thread every call runs on):
+  whatever is in the upper layers is the plugin's doing, whatever its name. Nothing was written into a FIFO the config names; no
   process outlived its call and no delegate ran another process.
 - An ADD that succeeded got past no constraint of the trust model (`refusals()` restates
   them independently of the code: logFile, logLevel, socket_file, configuration_path,
@@ -735,10 +735,12 @@ class Fuzz:
         # Host-wide directories are shared with everyone (other test runs on this machine
         # write to /tmp, /root, …): there only paths a bug of ours can make count — every
         # path this file generates carries the marker, and tenantnet's defaults say so.
-        # /var/lib and /var/log are not among them: the plugin writes there only into the
-        # upper layers of self.view, which are in self.root.
+        # The directories self.view overlays (/var/lib, /var/log, /etc, /root, /dev/shm) are
+        # not among them: the plugin writes there only into its upper layers, in self.root.
+        private = self.view.layers if self.view else {}
         for tree, depth in (("/", 0), ("/etc", 64), ("/root", 2), ("/tmp", 0), ("/run", 0), ("/dev/shm", 64)):
-            snap.update(snapshot_tree(tree, depth=depth, skip=_not_ours))
+            if tree not in private:
+                snap.update(snapshot_tree(tree, depth=depth, skip=_not_ours))
         work = tuple(str(w) for _, w in self.view.layers.values()) if self.view else ()
         snap.update(snapshot_tree(str(self.root), depth=64, skip=lambda p: p in self.fifo_paths or p in work))
         snap.update(snapshot_tree(str(self.lab.root.parent), depth=0, names_only=True,

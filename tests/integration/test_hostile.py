@@ -1157,7 +1157,7 @@ def test_watchers_count_the_calls_doing_and_nothing_else(hx: Hostile, lab: Lab) 
     a Linux bridge, a veth named like an attachment's host veth, each without a hex tag — is
     not reported. What the process under test does is, whatever the name: a file an exec
     under the plugin's view writes into /var/lib/tenantnet/ipam (where other tenantnet runs
-    write too), and the host veth of an ADD left without its DEL (its peer is in our pod
+    write too) or /etc, a decoy it reads, and the host veth of an ADD left without its DEL (its peer is in our pod
     namespace)."""
     from tenantnet.plugin.drivers.ovs import host_ifname
 
@@ -1174,7 +1174,8 @@ def test_watchers_count_the_calls_doing_and_nothing_else(hx: Hostile, lab: Lab) 
         before, whole = ctx.state(h.netns), nodestate.snapshot(ctx.lab, [h.netns])
         session = h.fs.begin(h.fs.plan([], [cwd]))
         run()
-        found = [f"filesystem: {x}" for x in h.fs.end(session, mine=(cid,))]
+        decoys = {ctx.values["DECOY_ETC"], ctx.values["DECOY_ROOT"]}
+        found = [f"filesystem: {x}" for x in h.fs.end(session, mine=(cid,), sensitive=decoys)]
         found += [f"node: {x}" for x in hs.state_diff(before, ctx.state(h.netns), ours={host_ifname(cid, "net1")},
                                                      container_id=cid, lab_tags=lab_tags)]
         whole_changed = nodestate.diff(whole, nodestate.snapshot(ctx.lab, [h.netns]))
@@ -1204,13 +1205,16 @@ def test_watchers_count_the_calls_doing_and_nothing_else(hx: Hostile, lab: Lab) 
     assert found == [], "other work was counted as the call's:\n  " + "\n  ".join(found)
 
     def leak() -> None:
-        script = "mkdir -p /var/lib/tenantnet/ipam && echo leak > /var/lib/tenantnet/ipam/ipam.db-shm"
+        script = (f"mkdir -p /var/lib/tenantnet/ipam && echo leak > /var/lib/tenantnet/ipam/ipam.db-shm"
+                  f" && echo x > /etc/kubernetes-{h.token} && cat {ctx.values['DECOY_ETC']} >/dev/null")
         assert execute({"PATH": os.environ.get("PATH", "/usr/bin:/bin")}, b"", cwd, 30, h.view,
                        argv=["sh", "-c", script]).code == 0
 
     session, found = observe(leak)
     h.fs.undo_created(session)
     assert any(x.startswith("filesystem: created /var/lib/tenantnet (in the overlay") for x in found), found
+    assert any(x.startswith(f"filesystem: created /etc/kubernetes-{h.token} (in the overlay") for x in found), found
+    assert f"filesystem: opened {ctx.values['DECOY_ETC']} (a read outside tenantnet's directories)" in found, found
     assert not os.path.exists("/var/lib/tenantnet/ipam/ipam.db-shm") or \
         Path("/var/lib/tenantnet/ipam/ipam.db-shm").read_bytes() != b"leak\n"  # it reached only the overlay
 
