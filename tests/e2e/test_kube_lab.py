@@ -6,8 +6,10 @@ CNI. Two pods scheduled for real ask for a NAD of `type: tenantnet` (OVS mode on
 OVS) through the `k8s.v1.cni.cncf.io/networks` annotation: kubelet → containerd → Multus →
 tenantnet gives each its `net1`; they ping each other over it; Multus's network-status
 annotation names the attachment; deleting the pods leaves no tenantnet record, OVS port or
-address; `lab down` leaves no process, mount, cgroup, link, fixed kubelet path or kernel
-setting changed behind.
+address; `lab down`, even after the kubelet and containerd were killed with a pod running,
+leaves no process, mount, cgroup, link, fixed kubelet path, libcni cache entry, iptables rule
+or kernel setting changed behind. A bring-up that fails (a stand-in API server that dies)
+says why and leaves nothing either.
 
 Without the Kubernetes binaries this module fails (never skips) with one line saying how to
 provide them — in CI as anywhere else.
@@ -23,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,8 +118,6 @@ class Lab:
     before: dict[str, Any]
     others_before: bool  # another lab ran beside this one when it came up
     bring_up: float
-    figures: dict[str, float] = field(default_factory=dict)
-    down_done: bool = False
 
     def kubectl(self, *args: str, timeout: float = 120) -> str:
         return kube.kubectl(self.lab, *args, timeout=timeout)
