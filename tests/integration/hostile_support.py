@@ -431,8 +431,12 @@ class OtherWork:
     def __init__(self) -> None:
         letters = "".join(random.choice("ghijklmnopqrstuvwxyz") for _ in range(8))
         self.files = [f"/var/lib/cni/results/othernet-{letters}-eth0", f"/var/lib/tenantnet/ipam/{letters}/ipam.db-shm",
-                      f"/var/log/tenantnet/other-{letters}.log", f"/etc/kubernetes/cni/net.d/00-other-{letters}.conf",
-                      f"/root/.other-{letters}", f"/dev/shm/sem.other-{letters}"]
+                      f"/var/log/tenantnet/other-{letters}.log", f"/root/.other-{letters}",
+                      f"/dev/shm/sem.other-{letters}"]
+        # A Multus configuration where a Kubernetes lab keeps them; /etc/kubernetes is made by
+        # no test here for that.
+        multus = "/etc/kubernetes/cni/net.d"
+        self.files.append(f"{multus}/00-other-{letters}.conf" if os.path.isdir(multus) else f"/etc/other-{letters}.conf")
         self.churn = f"/var/lib/cni/results/othernet-{letters}-gone"
         self.links = {"bridge": f"brx{letters[:8]}", "veth": "tn" + uuid.uuid4().hex[:11]}
         self.made_dirs: list[str] = []
