@@ -1,7 +1,7 @@
 """The OpenFlow 1.4 client (tenantnet/plugin/system/openflow.py) against the lab's real
 ovs-vswitchd, compared with what `ovs-ofctl` sees: bundles all-or-nothing, overlap detected,
-deletes that touch only what they name, big multipart replies, missing targets, and what it
-costs next to an `ovs-ofctl --bundle` exec.
+deletes that touch only what they name, big multipart replies, missing targets, and what
+makes a bundle cheap next to an `ovs-ofctl --bundle` exec (its times: bench/bench_batching.py).
 
 Every rule here has a cookie under PREFIX/MASK (ours) or FOREIGN and an in_port of 40000 or
 more, and is removed afterwards: nothing of other tests is touched."""
@@ -9,7 +9,6 @@ more, and is removed afterwards: nothing of other tests is touched."""
 from __future__ import annotations
 
 import re
-import statistics
 import subprocess
 import threading
 import time
@@ -204,40 +203,32 @@ def test_bridge_name_target_uses_ovs_rundir(lab: Any, sw: of.Switch, monkeypatch
 def test_missing_target_fails_clearly_and_quickly(lab: Any) -> None:
     started = time.monotonic()
     with pytest.raises(of.OpenflowError) as info:
-        of.Switch(f"unix:{lab.root}/br-nowhere.mgmt", timeout=2).bundle([of.AddRule(rule(0))])
-    assert time.monotonic() - started < 2
+        of.Switch(f"unix:{lab.root}/br-nowhere.mgmt", timeout=60).bundle([of.AddRule(rule(0))])
+    # The missing socket is refused at once; retrying until the time-out would take 60 s:
+    # under 20 s separates the two on any load.
+    assert time.monotonic() - started < 20
     text = str(info.value)
     assert "cannot connect to unix:" in text and "br-nowhere.mgmt" in text and "does the bridge exist" in text
     assert not info.value.overlap and info.value.type is None
 
 
-def test_timing_bundle_of_two_rules_vs_ovs_ofctl(lab: Any, sw: of.Switch) -> None:
-    """Pre-warm's write for one pair: two rules, each after its strict delete (median of 50)."""
+def test_a_kept_switch_bundles_without_reconnecting(lab: Any, sw: of.Switch,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pre-warm's write for one pair: two rules, each after its strict delete. What makes it
+    cheap next to an `ovs-ofctl --bundle` exec (an exec, a connection and a handshake each
+    time) is counted here: on a kept Switch, no new connection and two writes per bundle (open +
+    flow_mods + barrier, then the commit). The times are a figure of `make bench`
+    (bench/bench_batching.py), not a pass/fail bound."""
     a, b = rule(0, 1), rule(1, 0)
     ops: list[of.Op] = [strict(a), of.AddRule(a), strict(b), of.AddRule(b)]
     sw.bundle(ops)  # connected
-    ours = []
+    connects: list[bool] = []  # per call of _connect: whether it opened a new connection
+    sends: list[int] = []
+    real_connect, real_send = sw._connect, sw._send
+    monkeypatch.setattr(sw, "_connect", lambda *args: (connects.append(sw._sock is None), real_connect(*args))[1])
+    monkeypatch.setattr(sw, "_send", lambda sock, deadline, data, first=False:
+                        (sends.append(len(data)), real_send(sock, deadline, data, first))[1])
     for _ in range(50):
-        started = time.perf_counter()
         sw.bundle(ops)
-        ours.append(time.perf_counter() - started)
-    lines = "".join(f"delete_strict cookie={r.cookie:#x}/-1,priority=1,in_port={r.in_port},dl_src={r.eth_src},"
-                    f"dl_dst={r.eth_dst}\nadd check_overlap,cookie={r.cookie:#x},priority=1,in_port={r.in_port},"
-                    f"dl_src={r.eth_src},dl_dst={r.eth_dst},actions=output:{r.output}\n" for r in (a, b))
-    execs = []
-    for _ in range(50):
-        started = time.perf_counter()
-        ofctl(lab, "--bundle", "add-flows", "-", stdin=lines)
-        execs.append(time.perf_counter() - started)
-    fresh = []
-    for _ in range(20):  # a new Switch each time: connect + HELLO + the bundle
-        started = time.perf_counter()
-        with of.Switch(target(lab)) as once:
-            once.bundle(ops)
-        fresh.append(time.perf_counter() - started)
+    assert connects == [False] * 50 and len(sends) == 2 * 50, (connects, sends)
     assert mine(sw) == [a, b]
-    ms = {k: statistics.median(v) * 1000 for k, v in
-          (("openflow.Switch.bundle", ours), ("new Switch + bundle", fresh), ("ovs-ofctl --bundle", execs))}
-    print("\nbundle of 2 rules (4 flow_mods), median ms: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in ms.items()))
-    assert ms["openflow.Switch.bundle"] * 5 < ms["ovs-ofctl --bundle"]
