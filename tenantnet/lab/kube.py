@@ -19,8 +19,8 @@
 The node's address is on a veth pair of the lab's own, from a /30 in 172.30.255.0/24 that
 stays on this machine (nothing is routed out): the kubelet refuses a loopback node IP, and
 without an InternalIP the API server cannot reach the kubelet for `kubectl exec/logs`. What a
-lab names on the host — links, cgroup, node /30, pod /24 — is its own (`NodeNet`, from its
-directory's path), so labs can run side by side; the kubelet's fixed paths (`kubehost`) are
+lab names on the host — links, cgroup, node /30, pod /24 — is its own (`kubeconf.NodeNet`,
+from its directory's path), so labs can run side by side; the kubelet's fixed paths (`kubehost`) are
 shared: the first lab's pod-resources link stays until that lab goes down.
 
 `lab down` removes every trace: pods deleted through the API first (so Multus and tenantnet
@@ -38,13 +38,13 @@ The Python API, for tests and for the parts of tenantnet built on the lab:
     kube.down("/run/tenantnet-kube")              # -> what was removed (idempotent)
     kube.other_labs("/run/tenantnet-kube")        # -> the metadata of other labs running beside it
 
-The binaries come from `TENANTNET_KUBE_BIN` or the shared archive (`kubebin`).
+The binaries come from `TENANTNET_KUBE_BIN` or the shared archive (`kubebin`); what each
+component is told is written by `kubeconf`.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import shutil
@@ -61,19 +61,25 @@ from typing import Any
 
 from tenantnet.lab import kubebin, kubehost, kubeimages
 from tenantnet.lab import node as ovslab
+from tenantnet.lab.kubeconf import (
+    GO_PLUGINS,
+    META,
+    MULTUS_RBAC,
+    SERVICE_RANGE,
+    SLOTS,
+    LabPaths,
+    NodeNet,
+    kubelet_config,
+    tag,
+    write_cni,
+    write_containerd_config,
+)
 from tenantnet.lab.kubepki import Pki, write_kubeconfig
 from tenantnet.lab.ovs import LabError
 from tenantnet.lab.ovs import paths as ovs_paths
 
-META = "kube.json"
 NODE_NAME = "tenantnet-lab"
-SERVICE_RANGE = "172.30.254.0/24"  # only allocated, never routed (no kube-proxy)
-SLOTS = 64  # labs side by side: node /30s in 172.30.255.0/24, pod /24s 172.30.0-63.0
-KUBELET_PORT = 10250  # on the lab's own node address
-# CNI network names (libcni's result cache, /var/lib/cni/results, names its entries after them).
-MULTUS_NETWORK, POD_NETWORK = "tenantnet-lab-multus", "tenantnet-lab-pods"
 CRD = Path(__file__).resolve().parents[2] / "packaging" / "crds" / "network-attachment-definitions.yaml"
-GO_PLUGINS = Path("/usr/lib/cni")
 READY_TIMEOUT = 180.0  # generous: a busy 2-core machine
 
 
@@ -81,52 +87,14 @@ class KubeError(LabError):
     pass
 
 
-@dataclass(frozen=True)
-class NodeNet:
-    """What a lab names on the host, distinct per lab dir so that labs can run side by side:
-    its links, cgroup, node address (a /30 on its veth pair, never routed off the machine)
-    and pod subnet (on its bridge)."""
-
-    tag: str  # from the lab dir's path
-    slot: int  # 0..SLOTS-1: which addresses
-
-    @property
-    def link(self) -> str:
-        return f"tk{self.tag}n"
-
-    @property
-    def peer(self) -> str:
-        return f"tk{self.tag}p"
-
-    @property
-    def bridge(self) -> str:
-        return f"tk{self.tag}b"
-
-    @property
-    def cgroup(self) -> str:
-        return f"tenantnet-kube-{self.tag}"
-
-    @property
-    def node_ip(self) -> str:
-        return f"172.30.255.{4 * self.slot + 1}"
-
-    @property
-    def pod_subnet(self) -> str:
-        return f"172.30.{self.slot}.0/24"
-
-
-def _tag(root: str) -> str:
-    return hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:5]
-
-
 def _choose_net(root: str) -> NodeNet:
     """The lab's names, and the first slot (from one its path picks) whose addresses this
     machine does not use yet."""
-    tag = _tag(root)
+    lab_tag = tag(root)
     used = _run(["ip", "-o", "-4", "addr", "show"], "ip addr") + \
         _run(["ip", "-4", "route", "show"], "ip route")
     for i in range(SLOTS):
-        net = NodeNet(tag, (int(tag, 16) + i) % SLOTS)
+        net = NodeNet(lab_tag, (int(lab_tag, 16) + i) % SLOTS)
         if f" {net.node_ip}/" not in used and net.pod_subnet.split("/")[0] + "/" not in used:
             return net
     raise KubeError(f"no free address slot for another Kubernetes lab ({SLOTS} in use?)")
@@ -134,7 +102,7 @@ def _choose_net(root: str) -> NodeNet:
 
 def _net_of(meta: dict[str, Any], root: str) -> NodeNet:
     n = meta.get("net")
-    return NodeNet(n["tag"], n["slot"]) if n else NodeNet(_tag(root), 0)
+    return NodeNet(n["tag"], n["slot"]) if n else NodeNet(tag(root), 0)
 
 
 def other_labs(root: str) -> list[dict[str, Any]]:
@@ -146,7 +114,7 @@ def other_labs(root: str) -> list[dict[str, Any]]:
         if owner and owner != os.path.abspath(root):
             other = status(owner)
             if other.running:
-                found.append(_load(_Paths(owner)))
+                found.append(_load(LabPaths(owner)))
     return found
 
 
@@ -177,22 +145,7 @@ def as_dict(lab: KubeLab) -> dict[str, Any]:
     return asdict(lab)
 
 
-# ------------------------------------------------------------------------------ layout
-
-
-class _Paths:
-    def __init__(self, root: str) -> None:
-        r = Path(os.path.abspath(root))
-        self.root, self.meta = r, r / META
-        self.ovs, self.pki, self.logs = r / "ovs", r / "pki", r / "logs"
-        self.kubeconfigs = r / "kubeconfig"
-        self.admin_kubeconfig = self.kubeconfigs / "admin.kubeconfig"
-        self.etcd = r / "etcd"
-        self.containerd = r / "containerd"
-        self.containerd_sock = self.containerd / "containerd.sock"
-        self.kubelet = r / "kubelet"
-        self.cni_bin, self.cni_conf, self.cni_state = (r / "cni" / d for d in ("bin", "net.d", "state"))
-        self.images = r / "images.tar"
+# ------------------------------------------------------------------------------ helpers
 
 
 def _log_tail(path: Path, lines: int = 15) -> str:
@@ -203,14 +156,14 @@ def _log_tail(path: Path, lines: int = 15) -> str:
     return f"last lines of {path}:\n  " + "\n  ".join(tail)
 
 
-def _load(p: _Paths) -> dict[str, Any]:
+def _load(p: LabPaths) -> dict[str, Any]:
     try:
         return dict(json.loads(p.meta.read_text()))
     except (OSError, ValueError):
         return {}
 
 
-def _save(p: _Paths, meta: dict[str, Any]) -> None:
+def _save(p: LabPaths, meta: dict[str, Any]) -> None:
     tmp = p.meta.with_suffix(".tmp")
     tmp.write_text(json.dumps(meta, indent=2, sort_keys=True))
     os.replace(tmp, p.meta)
@@ -296,7 +249,7 @@ def apply(lab: KubeLab, manifest: str) -> str:
 
 
 def status(root: str) -> KubeLab:
-    p = _Paths(root)
+    p = LabPaths(root)
     meta = _load(p)
     daemons = [kubehost.Daemon(**d) for d in meta.get("daemons", [])]
     running = bool(meta.get("complete")) and bool(daemons) and all(kubehost.is_ours(d) for d in daemons)
@@ -331,7 +284,7 @@ def up(root: str) -> KubeLab:
     for plugin in ("tenantnet", "tenantnet-ipam"):
         if not (venv_bin / plugin).exists():
             raise KubeError(f"{venv_bin / plugin} is missing (make venv)")
-    p = _Paths(root)
+    p = LabPaths(root)
     # A shim's socket is <containerd>/s/<64 hex digits>, and a unix socket path has 107 bytes.
     if len(str(p.containerd / "s")) + 65 > 107:
         raise KubeError(f"{p.root}: too long a path for containerd's shim sockets under it "
@@ -381,7 +334,7 @@ def _machine_lock(timeout: float = 120.0) -> Iterator[None]:
         yield
 
 
-def _create(p: _Paths, others: list[dict[str, Any]], net: NodeNet, kubectl_bin: str) -> None:
+def _create(p: LabPaths, others: list[dict[str, Any]], net: NodeNet, kubectl_bin: str) -> None:
     """The lab's directory, its metadata, and its node address on a veth pair of its own."""
     # What other labs running now made at the fixed paths counts as made by a lab (the last one
     # down removes it); the kernel settings before the first lab's kubelet are the ones to restore.
@@ -408,7 +361,7 @@ def _create(p: _Paths, others: list[dict[str, Any]], net: NodeNet, kubectl_bin: 
         raise
 
 
-def _start(p: _Paths, meta: dict[str, Any], name: str, argv: list[str],
+def _start(p: LabPaths, meta: dict[str, Any], name: str, argv: list[str],
            env: dict[str, str] | None = None) -> Path:
     log = p.logs / f"{name}.log"
     with open(log, "ab") as fh:
@@ -443,7 +396,7 @@ def _alive(meta: dict[str, Any], name: str) -> Callable[[], str | None]:
     return gone
 
 
-def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubectl_bin: str,
+def _bring_up(p: LabPaths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubectl_bin: str,
               venv_bin: Path) -> None:
     t0 = time.monotonic()
     net = _net_of(meta, str(p.root))
@@ -523,11 +476,11 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
     lab_view.kubectl = kubectl_bin
     # The NAD CRD (the project's own manifest) and Multus's permissions.
     kubectl(lab_view, "apply", "-f", str(CRD))
-    apply(lab_view, _MULTUS_RBAC)
+    apply(lab_view, MULTUS_RBAC)
 
     # containerd, its images and the CNI it runs (Multus thin, delegating to bridge).
-    _write_cni(p, net, bins, multus_kc, venv_bin)
-    _write_containerd_config(p)
+    write_cni(p, net, Path(bins["multus"]), multus_kc, venv_bin)
+    write_containerd_config(p)
     env = dict(os.environ, TENANTNET_CONFIG=ovs.node_config,
                PATH=f"{bins.dir}{os.pathsep}{os.environ.get('PATH', '/usr/sbin:/usr/bin:/sbin:/bin')}")
     log = _start(p, meta, "containerd", [bins["containerd"], f"--config={p.containerd}/config.toml"], env=env)
@@ -552,7 +505,7 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
                           if d and not os.path.exists(os.path.join(d, "iptables")))]))
     healthz = _free_port()
     config = p.kubelet / "config.yaml"
-    config.write_text(_kubelet_config(p, net, pki.ca.cert, kubelet_serving.cert, kubelet_serving.key,
+    config.write_text(kubelet_config(p, net, pki.ca.cert, kubelet_serving.cert, kubelet_serving.key,
                                       healthz))
     log = _start(p, meta, "kubelet", [
         bins["kubelet"], f"--config={config}", f"--kubeconfig={kubelet_kc}", f"--root-dir={p.kubelet}",
@@ -569,146 +522,9 @@ def _bring_up(p: _Paths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kubec
           p.logs / "kube-controller-manager.log", alive=_alive(meta, "kube-controller-manager"))
 
 
-def _write_cni(p: _Paths, net: NodeNet, bins: kubebin.KubeBinaries, multus_kc: str, venv_bin: Path) -> None:
-    links = {"multus": Path(bins["multus"])}
-    links.update({plugin.name: plugin for plugin in GO_PLUGINS.iterdir()})
-    # The venv's executables (a symlink: the trampoline finds its -shim beside its real path).
-    links.update({name: venv_bin / name for name in ("tenantnet", "tenantnet-ipam")})
-    for name, target in links.items():
-        (p.cni_bin / name).symlink_to(target)
-    cluster = {"cniVersion": "1.0.0", "name": POD_NETWORK, "plugins": [
-        {"type": "bridge", "bridge": net.bridge, "isGateway": True, "ipMasq": False,
-         "ipam": {"type": "host-local", "ranges": [[{"subnet": net.pod_subnet}]],
-                  "dataDir": str(p.cni_state / "host-local")}}]}
-    multus = {"cniVersion": "1.0.0", "name": MULTUS_NETWORK, "type": "multus",
-              "kubeconfig": multus_kc, "cniDir": str(p.cni_state / "multus"), "binDir": str(p.cni_bin),
-              "logFile": str(p.logs / "multus.log"), "logLevel": "verbose", "delegates": [cluster]}
-    (p.cni_conf / "00-multus.conf").write_text(json.dumps(multus, indent=2))
-
-
-def _write_containerd_config(p: _Paths) -> None:
-    c = p.containerd
-    for d in ("root", "state", "cdi", "nri", "opt", "tmp", "s"):
-        (c / d).mkdir(parents=True, exist_ok=True)
-    q = json.dumps  # TOML basic strings accept JSON string syntax for these paths
-    (c / "config.toml").write_text(f"""\
-# written by `tenantnetctl lab up --kubernetes`: every path of this containerd is in the lab
-version = 3
-root = {q(str(c / 'root'))}
-state = {q(str(c / 'state'))}
-temp = {q(str(c / 'tmp'))}
-imports = []
-[grpc]
-  address = {q(str(p.containerd_sock))}
-[ttrpc]
-  address = {q(str(p.containerd_sock) + '.ttrpc')}
-[plugins.'io.containerd.cri.v1.images']
-  snapshotter = 'overlayfs'
-[plugins.'io.containerd.cri.v1.images'.pinned_images]
-  sandbox = {q(kubeimages.PAUSE_IMAGE)}
-[plugins.'io.containerd.cri.v1.runtime']
-  enable_cdi = true
-  cdi_spec_dirs = [{q(str(c / 'cdi'))}]
-  # network namespaces of pods under the state dir, not /var/run/netns
-  netns_mounts_under_state_dir = true
-  # never below containerd's own oom_score_adj: lowering it needs CAP_SYS_RESOURCE, which a
-  # root without it (a container, this lab's CI) lacks; runc's init then dies at start
-  restrict_oom_score_adj = true
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
-  runtime_type = 'io.containerd.runc.v2'
-[plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
-  BinaryName = 'runc'
-  Root = {q(str(c / 'runc'))}
-  SystemdCgroup = false
-[plugins.'io.containerd.cri.v1.runtime'.cni]
-  bin_dirs = [{q(str(p.cni_bin))}]
-  conf_dir = {q(str(p.cni_conf))}
-  max_conf_num = 1
-[plugins.'io.containerd.grpc.v1.cri']
-  stream_server_address = '127.0.0.1'
-  stream_server_port = '0'
-[plugins.'io.containerd.internal.v1.opt']
-  path = {q(str(c / 'opt'))}
-[plugins.'io.containerd.nri.v1.nri']
-  disable = false
-  socket_path = {q(str(c / 'nri' / 'nri.sock'))}
-  plugin_path = {q(str(c / 'nri' / 'plugins'))}
-  plugin_config_path = {q(str(c / 'nri' / 'conf.d'))}
-[plugins.'io.containerd.shim.v1.manager']
-  socket_dir = {q(str(c / 's'))}
-""")
-
-
-def _kubelet_config(p: _Paths, net: NodeNet, ca: str, cert: str, key: str, healthz: int) -> str:
-    return f"""\
-# written by `tenantnetctl lab up --kubernetes` (docs/kubernetes.md, "The lab's Kubernetes node")
-apiVersion: kubelet.config.k8s.io/v1beta1
-kind: KubeletConfiguration
-# a cgroup v1 host: kubelet 1.36 refuses it unless told; cgroupfs, a cgroup root of the lab's own
-failCgroupV1: false
-cgroupDriver: cgroupfs
-cgroupRoot: /{net.cgroup}
-failSwapOn: false
-address: {net.node_ip}
-port: {KUBELET_PORT}
-readOnlyPort: 0
-healthzBindAddress: 127.0.0.1
-healthzPort: {healthz}
-tlsCertFile: {cert}
-tlsPrivateKeyFile: {key}
-authentication:
-  anonymous: {{enabled: false}}
-  webhook: {{enabled: true}}
-  x509: {{clientCAFile: {ca}}}
-authorization:
-  mode: Webhook
-containerRuntimeEndpoint: unix://{p.containerd_sock}
-podLogsDir: {p.root}/pod-logs
-volumePluginDir: {p.kubelet}/volume-plugins
-resolvConf: ""
-# the lab's images are imported, never pulled: no image GC, no eviction on a full disk
-imageGCHighThresholdPercent: 100
-imageGCLowThresholdPercent: 99
-evictionHard:
-  memory.available: "1Mi"
-  nodefs.available: "1%"
-  imagefs.available: "1%"
-  nodefs.inodesFree: "1%"
-serializeImagePulls: false
-registerNode: true
-"""
-
-
-_MULTUS_RBAC = """\
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRole
-metadata: {name: tenantnet-lab-multus}
-rules:
-- apiGroups: ["k8s.cni.cncf.io"]
-  resources: ["*"]
-  verbs: ["get", "list", "watch"]
-- apiGroups: [""]
-  resources: ["pods", "pods/status"]
-  verbs: ["get", "list", "watch", "update", "patch"]
-- apiGroups: ["", "events.k8s.io"]
-  resources: ["events"]
-  verbs: ["create", "patch", "update"]
----
-apiVersion: rbac.authorization.k8s.io/v1
-kind: ClusterRoleBinding
-metadata: {name: tenantnet-lab-multus}
-roleRef: {apiGroup: rbac.authorization.k8s.io, kind: ClusterRole, name: tenantnet-lab-multus}
-subjects:
-- {apiGroup: rbac.authorization.k8s.io, kind: User, name: tenantnet-lab-multus}
-"""
-
-
-# ------------------------------------------------------------------------------ down
-
-
 def down(root: str) -> list[str]:
     """Remove the Kubernetes lab in `root` and every trace of it; what was removed."""
-    p = _Paths(root)
+    p = LabPaths(root)
     meta = _load(p)
     removed: list[str] = []
     if not p.meta.exists():
@@ -772,7 +588,7 @@ def _link_alias(link: str) -> str:
         return ""
 
 
-def _remove_containers(p: _Paths, containerd: kubehost.Daemon | None) -> list[str]:
+def _remove_containers(p: LabPaths, containerd: kubehost.Daemon | None) -> list[str]:
     """Containers the kubelet left (it was stopped, or pods did not go): killed and removed
     through the lab's containerd; their network namespaces go with the mounts under the lab."""
     if containerd is None or not kubehost.is_ours(containerd):

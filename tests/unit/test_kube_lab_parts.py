@@ -1,5 +1,6 @@
 """The Kubernetes lab's pure parts (no root): where the binaries come from and how they are
-checked (tenantnet/lab/kubebin.py), and the images it builds (tenantnet/lab/kubeimages.py).
+checked (tenantnet/lab/kubebin.py), the images it builds (tenantnet/lab/kubeimages.py), the
+names and addresses each lab takes on the host (tenantnet/lab/kubeconf.py).
 The lab itself runs in tests/e2e/test_kube_lab.py."""
 
 from __future__ import annotations
@@ -123,17 +124,17 @@ def test_images_share_one_busybox_layer(tmp_path: Path, monkeypatch: pytest.Monk
 def test_each_lab_names_its_own_host_resources(monkeypatch: pytest.MonkeyPatch) -> None:
     """Labs side by side: links (at most 15 characters), cgroup and addresses differ by dir;
     a slot whose node address or pod subnet this machine already uses is passed over."""
-    from tenantnet.lab import kube
+    from tenantnet.lab import kube, kubeconf
 
-    a, b = kube.NodeNet(kube._tag("/run/lab-a"), 0), kube.NodeNet(kube._tag("/run/lab-b"), 0)
+    a, b = kubeconf.NodeNet(kubeconf.tag("/run/lab-a"), 0), kubeconf.NodeNet(kubeconf.tag("/run/lab-b"), 0)
     assert len({a.link, a.peer, a.bridge, b.link, b.peer, b.bridge}) == 6
     assert all(len(n) <= 15 for n in (a.link, a.peer, a.bridge)) and a.cgroup != b.cgroup
-    first = (int(kube._tag("/run/lab-a"), 16)) % kube.SLOTS
-    taken = kube.NodeNet("x", first)
-    second = kube.NodeNet("x", (first + 1) % kube.SLOTS)
+    first = (int(kubeconf.tag("/run/lab-a"), 16)) % kubeconf.SLOTS
+    taken = kubeconf.NodeNet("x", first)
+    second = kubeconf.NodeNet("x", (first + 1) % kubeconf.SLOTS)
     outputs = {"ip addr": f"5: tk0n    inet {taken.node_ip}/30 scope global tk0n\n",
                "ip route": f"{second.pod_subnet} dev tk1b proto kernel scope link\n"}
     monkeypatch.setattr(kube, "_run", lambda cmd, what, **_: outputs[what])
     chosen = kube._choose_net("/run/lab-a")
-    assert chosen.slot == (first + 2) % kube.SLOTS, "the slots whose addresses are in use are passed over"
+    assert chosen.slot == (first + 2) % kubeconf.SLOTS, "the slots whose addresses are in use are passed over"
     assert chosen.node_ip.startswith("172.30.255.") and chosen.pod_subnet.endswith(".0/24")
