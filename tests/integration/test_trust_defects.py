@@ -624,12 +624,16 @@ def test_3_ipam_type_tenantnet_is_refused_promptly_without_a_process_storm(lab, 
     conf = plugin.conf(name="bomb", ipam={"type": ipam_type, "ranges": [[{"subnet": "10.78.0.0/24"}]],
                                           "dataDir": str(lab.hostlocal_dir)})
     plugin.attempts.append(({}, cid, "net1"))
-    add, peak = run_watched(plugin.env("ADD", cid, ns.path, "net1"), json.dumps(conf))
+    # 45 s before the kill: the wait to rule out is a delegate IPAM exec that never answers,
+    # which the plugin gives up on only after its EXEC_TIMEOUT (60 s).
+    add, peak = run_watched(plugin.env("ADD", cid, ns.path, "net1"), json.dumps(conf), limit_s=45)
     if add.code == 0:  # a defect: undo it without running that IPAM again
         plugin.cleanups.append(({k: v for k, v in conf.items() if k != "ipam"}, cid, "net1"))
     assert add.code is not None, f"ADD had to be killed ({peak} processes at once): " + add.why()
     assert peak <= 4, f"{peak} processes in the ADD's session"
-    assert add.elapsed < 10, add.why()
+    # Refused, not after waiting out a delegate (60 s): 30 s is far from both that and the
+    # second or two a refused exec takes, on any load.
+    assert add.elapsed < 30, add.why()
     if how == "delegate-chain":
         # the inner tenantnet refuses to be anyone's delegate; the outer ADD fails and rolls back
         assert add.code == 1 and add.out is not None and add.out["code"] not in (0, 100), add.why()
@@ -637,9 +641,9 @@ def test_3_ipam_type_tenantnet_is_refused_promptly_without_a_process_storm(lab, 
     else:
         assert_refused(add, 7, "ipam.type")
     assert pod_link(ns) is None
-    delete, peak = run_watched(plugin.env("DEL", cid, ns.path, "net1"), json.dumps(conf))
+    delete, peak = run_watched(plugin.env("DEL", cid, ns.path, "net1"), json.dumps(conf), limit_s=45)
     assert delete.code == 0, f"DEL ({peak} processes at once): " + delete.why()
-    assert peak <= 4 and delete.elapsed < 10
+    assert peak <= 4 and delete.elapsed < 30  # as the ADD's
 
 
 # ==== 4. agent denial of service: FIFOs, devices, /etc/shadow ===============================
@@ -712,7 +716,10 @@ def test_4_hostile_files_are_refused_at_once_and_never_read(lab, plugin, netns_f
             seen = watch.seen()
             assert seen == 0, f"{path} was opened or read (inotify mask {seen:#x})"
         assert_refused(run, 7, field.split("-")[0])
-        assert run.elapsed < baseline.elapsed + 1.0, f"{run.elapsed:.2f}s against {baseline.elapsed:.2f}s"
+        # At once: a blocking open or read of the FIFO or device ends only at the 20 s kill
+        # (HOSTILE_TIMEOUT); 10 s over the baseline (the same exec, refused on another field)
+        # stays clear of that kill and of load (1 s was within one loaded exec's jitter).
+        assert run.elapsed < baseline.elapsed + 10, f"{run.elapsed:.2f}s against {baseline.elapsed:.2f}s"
         assert pod_link(ns) is None
     finally:
         if watch is not None:
@@ -1537,17 +1544,21 @@ def test_agent_survives_64_hostile_requests_at_once(lab, netns_factory, run_dir,
         for name, expected, code, out, elapsed in answers:
             got = out.get("code") if isinstance(out, dict) else None
             busy = got == 11 and "busy" in str(out.get("msg", ""))
-            if code != 1 or not (got in expected or busy) or elapsed > 15:
+            # No clock: a request stuck on a FIFO would get the shim's 20 s time-out (code 11,
+            # not "busy") or the 40 s kill (-1), both wrong here.
+            if code != 1 or not (got in expected or busy):
                 wrong.append((name, code, out if not isinstance(out, dict) else {**out, "msg": out.get("msg", "")[:200]},
                                round(elapsed, 2)))
         assert wrong == [], wrong
         assert agent.proc.poll() is None, "the agent died"
-        code, out, elapsed = call(shim_env(node, "VERSION"), b"{}")
-        assert code == 0 and elapsed < 2, (out, elapsed)
+        # The agent still serves: answered within the shim's 10 s (else code 11), no clock of
+        # the test's (2 s was within a loaded machine's exec time).
+        code, out, _ = call(shim_env(node, "VERSION", TENANTNET_AGENT_TIMEOUT="10"), b"{}")
+        assert code == 0, out
         cid = new_cid()
-        code, out, elapsed = call(shim_env(node, "ADD", CNI_CONTAINERID=cid, CNI_IFNAME="net1", CNI_NETNS=ns.path,
-                                           TENANTNET_AGENT_TIMEOUT="10"), normal)
-        assert code == 0 and elapsed < 2, (out, elapsed)
+        code, out, _ = call(shim_env(node, "ADD", CNI_CONTAINERID=cid, CNI_IFNAME="net1", CNI_NETNS=ns.path,
+                                     TENANTNET_AGENT_TIMEOUT="10"), normal)
+        assert code == 0, out
         health = subprocess.run([CTL, "--node-config", str(node), "agent", "status"], capture_output=True,
                                 text=True, timeout=30)
         assert health.returncode == 0, health.stdout + health.stderr
@@ -1572,14 +1583,15 @@ def test_agent_survives_64_hostile_requests_at_once(lab, netns_factory, run_dir,
 def test_agent_status_fails_while_a_worker_is_wedged(lab, netns_factory, run_dir, agents):
     node = write_node(run_dir / "node.yaml", lab, agentSocket=f"{run_dir}/sock/agent.sock")
     cni_dir = run_dir / "cni"
-    install_slow_ipam(cni_dir, 6, "10.86.0.5/24")
+    gate = run_dir / "ipam-gate"  # the ADD's IPAM holds its worker until the test makes it
+    install_slow_ipam(cni_dir, 0, "10.86.0.5/24", gate)
     agents.append(agent := start_agent(node, "--workers", "1"))
     ns = netns_factory()
     cid = new_cid()
     conf = {"cniVersion": "1.0.0", "name": "slow", "type": "tenantnet", "bridge": lab.bridge,
             "ipam": {"type": "slow-ipam"}}
     env = shim_env(node, "ADD", CNI_CONTAINERID=cid, CNI_IFNAME="net1", CNI_NETNS=ns.path,
-                   CNI_PATH=f"{cni_dir}:{BIN}:{GO_PLUGINS}", TENANTNET_AGENT_TIMEOUT="30")
+                   CNI_PATH=f"{cni_dir}:{BIN}:{GO_PLUGINS}", TENANTNET_AGENT_TIMEOUT="120")
     status = [CTL, "--node-config", str(node), "agent", "status"]
     with ThreadPoolExecutor(1) as pool:
         pending = pool.submit(call, env, conf)
@@ -1591,14 +1603,17 @@ def test_agent_status_fails_while_a_worker_is_wedged(lab, netns_factory, run_dir
             time.sleep(1.0)  # busy on it for longer than 0.5 s
             wedged = subprocess.run([*status, "--wedged-after", "0.5"], capture_output=True, text=True, timeout=30)
             patient = subprocess.run(status, capture_output=True, text=True, timeout=30)
-            measured = not pending.done()
-            code, out, elapsed = call(shim_env(node, "VERSION"), b"{}")  # answered without a worker
+            code, out, _ = call(shim_env(node, "VERSION", TENANTNET_AGENT_TIMEOUT="30"), b"{}")  # no worker needed
+            # No clock: the ADD is held at the gate, so the VERSION was answered while the
+            # only worker was busy with it.
+            measured = not pending.done() and agent.status()["inflight"] >= 1
         finally:
+            gate.touch()
             code_add, out_add, _ = pending.result(timeout=60)
     assert measured, "the slow ADD ended before the health checks: the test measured nothing"
     assert wedged.returncode != 0, wedged.stdout + wedged.stderr
     assert patient.returncode == 0, patient.stdout + patient.stderr
-    assert code == 0 and elapsed < 2, f"VERSION waited for the busy worker: {elapsed:.1f}s ({out})"
+    assert code == 0, f"VERSION was not answered while the worker was busy: {out}"
     assert code_add == 0, out_add
     after = subprocess.run([*status, "--wedged-after", "0.5"], capture_output=True, text=True, timeout=30)
     assert after.returncode == 0, after.stdout + after.stderr
