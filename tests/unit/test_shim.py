@@ -218,7 +218,8 @@ def test_stalled_agent_gives_code_11_after_the_time_out(tmp_path, stub, way):
     elapsed = time.monotonic() - started
     err = json.loads(proc.stdout)
     assert proc.returncode == 1 and err["code"] == 11 and err["cniVersion"] == "0.4.0"
-    assert "did not answer within 0.5s" in err["msg"] and 0.5 <= elapsed < 5
+    # Not before the time-out; 20 s only rules out a hang (the stub never answers).
+    assert "did not answer within 0.5s" in err["msg"] and 0.5 <= elapsed < 20
 
 
 def test_agent_vanishing_mid_request_gives_code_11(tmp_path, stub, way):
