@@ -537,6 +537,9 @@ def down(root: str) -> list[str]:
     if lab.kubectl and all(n in daemons and kubehost.is_ours(daemons[n])
                            for n in ("kube-apiserver", "kubelet", "containerd")):
         with contextlib.suppress(LabError):
+            # (their controllers first, or a DaemonSet's pod comes back: tenantnet's own, kubedeploy)
+            kubectl(lab, "delete", "daemonsets,deployments,replicasets,statefulsets,jobs", "--all",
+                    "--all-namespaces", "--wait=false", timeout=30)
             kubectl(lab, "delete", "pods", "--all", "--all-namespaces", "--grace-period=1", "--wait=false",
                     timeout=30)
             deadline = time.monotonic() + 60

@@ -88,7 +88,7 @@ def write_cni(p: LabPaths, net: NodeNet, multus: Path, multus_kc: str, venv_bin:
     for name, target in links.items():
         (p.cni_bin / name).symlink_to(target)
     cluster = {"cniVersion": "1.0.0", "name": POD_NETWORK, "plugins": [
-        {"type": "bridge", "bridge": net.bridge, "isGateway": True, "ipMasq": False,
+        {"type": "bridge", "bridge": net.bridge, "isGateway": True, "isDefaultGateway": True, "ipMasq": False,
          "ipam": {"type": "host-local", "ranges": [[{"subnet": net.pod_subnet}]],
                   "dataDir": str(p.cni_state / "host-local")}}]}
     conf = {"cniVersion": "1.0.0", "name": MULTUS_NETWORK, "type": "multus",

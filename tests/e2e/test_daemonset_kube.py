@@ -1,0 +1,171 @@
+"""Issue 27: the packaged DaemonSet on the lab's real Kubernetes node (tenantnet/lab/kubedeploy.py).
+
+tenantnet's image built here from the relocatable runtime (packaging/build_runtime.py) with no
+registry and no container engine, imported into the lab's containerd; packaging/'s CRDs, RBAC,
+ConfigMap, DaemonSet and renderer Deployment applied with only the lab's paths substituted.
+The DaemonSet's init container installs `tenantnet` and `tenantnet-ipam` (the compiled
+trampoline and its -shim, over the venv's links the lab started with) into the kubelet's CNI
+bin dir; the agent and the renderer run under their ServiceAccounts; the real RBAC grants them
+exactly what packaging/rbac.yaml says (`kubectl auth can-i --as`). Two tenants, a
+TenantNetwork each: their pods get net1 from Multus → the *installed* trampoline → the agent in
+the DaemonSet's pod (its served count), reach their own tenant's pods and not the other's even
+with a route across (only the VLAN separates them); `lab down` leaves nothing behind.
+
+Fails (never skips) without the Kubernetes binaries, as tests/e2e/test_kube_lab.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tenantnet.lab import kube, kubedeploy
+from tenantnet.lab import node as labnode
+from tenantnet.ops import runtime as rtmod
+from tests.e2e.test_kube_lab import _assert_host_as_before, _fail_unless_usable, _fixed_state
+from tests.polling import poll
+
+CTL = str(Path(sys.executable).parent / "tenantnetctl")
+AGENT_SA = "system:serviceaccount:kube-system:tenantnet"
+RENDERER_SA = "system:serviceaccount:kube-system:tenantnet-renderer"
+
+
+@dataclass
+class Deployed:
+    lab: kube.KubeLab
+    image: str
+    timings: dict[str, float]
+
+    def kubectl(self, *args: str, timeout: float = 120) -> str:
+        return kube.kubectl(self.lab, *args, timeout=timeout)
+
+    def agent_status(self) -> dict[str, Any]:
+        proc = subprocess.run([CTL, "agent", "status", "--json"], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "TENANTNET_CONFIG": self.lab.node_config}, check=False)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        return dict(json.loads(proc.stdout))
+
+    def pod(self, label: str) -> dict[str, Any]:
+        [pod] = json.loads(self.kubectl("-n", "kube-system", "get", "pods", "-l", f"app.kubernetes.io/name={label}",
+                                        "-o", "json"))["items"]
+        return dict(pod)
+
+
+@pytest.fixture(scope="module")
+def deployed() -> Iterator[Deployed]:
+    _fail_unless_usable()
+    root = f"/run/tnk-ds-{os.getpid()}"  # short: containerd's shim sockets live under it
+    before = _fixed_state(root)
+    others = bool(kube.other_labs(root))
+    try:
+        lab = kube.up(root)
+        done = kubedeploy.deploy(lab)
+        print(f"\nlab up {lab.timings.get('bringUp')} s; the DaemonSet and the renderer ready {done['timings']}")
+        yield Deployed(lab, done["image"], done["timings"])
+    finally:
+        kube.down(root)
+    assert not os.path.exists(root)
+    _assert_host_as_before(root, before, others)
+
+
+def test_the_daemonset_installed_the_plugin_and_runs_the_agent(deployed: Deployed) -> None:
+    lab = deployed.lab
+    ds = deployed.pod("tenantnet")
+    assert ds["spec"]["serviceAccountName"] == "tenantnet" and ds["spec"]["nodeName"] == lab.node_name
+    assert {c["image"] for c in ds["spec"]["containers"] + ds["spec"]["initContainers"]} == {deployed.image}
+    installed = deployed.kubectl("-n", "kube-system", "logs", ds["metadata"]["name"], "-c", "install")
+    assert f"{lab.cni_bin_dir}/tenantnet: written (the compiled trampoline)" in installed, installed
+    assert f"{lab.node_config}: written from" in installed, installed
+    # In the CNI bin dir the kubelet's Multus reads: the trampolines and shims of the runtime
+    # the installer copied into the lab (no longer the venv's links).
+    runtimes = list((Path(lab.root) / "tenantnet").iterdir())
+    assert len(runtimes) == 1 and rtmod.verify(rtmod.load_runtime(runtimes[0]))
+    for command in rtmod.PLUGINS:
+        exe = Path(lab.cni_bin_dir) / command
+        assert not exe.is_symlink() and rtmod.is_trampoline(exe)
+        assert str(runtimes[0]) in (Path(lab.cni_bin_dir) / f"{command}-shim").read_text()
+        proc = subprocess.run([str(exe)], env={"CNI_COMMAND": "VERSION"}, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=60, check=False)
+        assert proc.returncode == 0 and "1.0.0" in json.loads(proc.stdout)["supportedVersions"], proc.stderr
+    # The node config the init container wrote (the ConfigMap's): the lab's OVS, Kubernetes mode.
+    written = yaml.safe_load(Path(lab.node_config).read_text())
+    assert written["ovsdb"] == f"unix:{lab.ovs_root}/db.sock" and written["kubernetes"] is True
+    # The agent in the pod serves the socket the node config names, its watcher synced
+    # through its own ServiceAccount's token.
+    status = deployed.agent_status()
+    assert status["socket"] == written["agentSocket"]
+    cmdline = Path(f"/proc/{status['pid']}/cmdline").read_bytes().split(b"\0")  # hostPID: the host's pid
+    assert f"{kubedeploy.IMAGE_RUNTIME}/libexec/tenantnetctl".encode() in cmdline, cmdline
+    assert poll(lambda: deployed.agent_status()["kubernetes"]["synced"], 60, 0.5), deployed.agent_status()
+    renderer = deployed.pod("tenantnet-renderer")
+    assert renderer["spec"]["serviceAccountName"] == "tenantnet-renderer"
+    logs = deployed.kubectl("-n", "kube-system", "logs", renderer["metadata"]["name"])
+    assert poll(lambda: "render.leader" in deployed.kubectl("-n", "kube-system", "logs",
+                                                           renderer["metadata"]["name"]), 60, 0.5), logs
+
+
+@pytest.mark.parametrize(("account", "verb", "resource", "allowed"), [
+    (AGENT_SA, "list", "tenantnetworks.tenantnet.io", True),
+    (AGENT_SA, "watch", "tenantnetworks.tenantnet.io", True),
+    (AGENT_SA, "watch", "namespaces", True),
+    (AGENT_SA, "get", "nodes", True),
+    (AGENT_SA, "create", "network-attachment-definitions.k8s.cni.cncf.io", False),
+    (AGENT_SA, "patch", "tenantnetworks.tenantnet.io", False),
+    (AGENT_SA, "get", "secrets", False),
+    (RENDERER_SA, "create", "network-attachment-definitions.k8s.cni.cncf.io", True),
+    (RENDERER_SA, "delete", "network-attachment-definitions.k8s.cni.cncf.io", True),
+    (RENDERER_SA, "patch", "tenantnetworks.tenantnet.io/status", True),
+    (RENDERER_SA, "patch", "tenantnetworks.tenantnet.io", False),
+    (RENDERER_SA, "create", "tenantnetworks.tenantnet.io", False),
+    (RENDERER_SA, "get", "secrets", False),
+    (RENDERER_SA, "update", "leases.coordination.k8s.io -n kube-system", True),
+    (RENDERER_SA, "update", "leases.coordination.k8s.io -n default", False),
+])
+def test_least_privilege_by_the_real_rbac(deployed: Deployed, account: str, verb: str, resource: str,
+                                          allowed: bool) -> None:
+    resource, *ns = resource.split()
+    if resource.endswith("/status"):
+        resource, sub = resource.rsplit("/", 1)
+        ns += ["--subresource", sub]
+    lab = deployed.lab
+    # (exits 1 for "no", with a warning on stderr for a cluster-scoped resource: the answer is stdout)
+    proc = subprocess.run([lab.kubectl, f"--kubeconfig={lab.kubeconfig}", "auth", "can-i", verb, resource,
+                           f"--as={account}", *ns], capture_output=True, text=True, timeout=60, check=False)
+    answer = proc.stdout.strip()
+    assert answer == ("yes" if allowed else "no"), (account, verb, resource, proc.stdout, proc.stderr)
+
+
+def test_two_tenants_through_the_installed_plugin_and_agent(deployed: Deployed) -> None:
+    lab = deployed.lab
+    served = deployed.agent_status()["served"]
+    started = time.monotonic()
+    addrs = kubedeploy.run_tenants(lab)
+    print(f"\nfour pods of two tenants Ready with net1 {time.monotonic() - started:.1f} s after apply")
+    # Every ADD went through the DaemonSet's agent (the trampoline's fast path).
+    assert deployed.agent_status()["served"] >= served + len(addrs)
+    out = subprocess.run([CTL, "--node-config", lab.node_config, "ls", "--json"], capture_output=True, text=True,
+                         check=True, timeout=60).stdout
+    vlans = {r["pod"]: r["vlan"] for r in json.loads(out)}
+    assert vlans == {pod: kubedeploy.TENANTS[pod.split("/")[0]][0] for pod in addrs}, vlans
+    tags = labnode.vsctl(lab.ovs_root, "--bare", "--columns=tag", "find", "Port",
+                         "external_ids:tenantnet-owner=tenantnet").split()
+    assert sorted(tags) == ["101", "101", "102", "102"], tags
+    a1, a2, b1, b2 = (addrs[f"tenant-{t}/p{i}"] for t in "ab" for i in (1, 2))
+    assert kubedeploy.reaches(lab, "tenant-a/p1", a2) and kubedeploy.reaches(lab, "tenant-b/p2", b1)
+    assert not kubedeploy.reaches(lab, "tenant-a/p1", b1), "tenant A reached tenant B"
+    assert not kubedeploy.reaches(lab, "tenant-b/p2", a2), "tenant B reached tenant A"
+    for t in kubedeploy.TENANTS:
+        deployed.kubectl("delete", "pods", "--all", "-n", t, "--wait=true", "--timeout=120s", timeout=150)
+    gone = subprocess.run([CTL, "--node-config", lab.node_config, "ls", "--json"], capture_output=True,
+                          text=True, check=True, timeout=60).stdout
+    assert json.loads(gone) == [], gone
