@@ -6,6 +6,7 @@
 # tenantnet-ipam's cluster mode on etcd; tenant A reaches across the underlay, B does not.
 # Act 3: GPU rails on a simulated 8-GPU / 8-NIC server: a misaligned VF refused, an 8-rail pod
 # paired 1:1 with its GPUs (PIX), the VFs' RDMA devices in the pod.
+# Act 4: the real Kubernetes node: the packaged DaemonSet, two tenants' pods, who reaches whom.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -214,5 +215,37 @@ cleanup3
 pods_left=$(ip netns list | grep -c '^tnpod_demo3_' || true)
 echo "  act 3: pod namespaces left: $pods_left; GPU lab directory left: $([ -e $GL ] && echo yes || echo no)"
 [ "$pods_left" -eq 0 ] && [ ! -e $GL ] || failures=$((failures+1))
+
+# ---- act 4: the real Kubernetes node ------------------------------------------------------------
+# The lab's Kubernetes node (`lab up --kubernetes`: etcd, kube-apiserver, scheduler, kubelet,
+# containerd, Multus), the packaged DaemonSet and renderer on it (tenantnet/lab/kubedeploy.py:
+# the image built here from the relocatable runtime), a TenantNetwork for each of two tenants,
+# two pods each; without the Kubernetes binaries this act fails, saying why.
+KL=/run/tenantnet-demo-kube
+cleanup4() {
+  set +e
+  bold "act 4: taking the Kubernetes node down (pods first: their DEL)"
+  $CTL lab down --dir $KL >/dev/null
+}
+trap cleanup4 EXIT
+
+bold "act 4: a real Kubernetes node, the packaged DaemonSet on it, two tenants"
+if up=$($CTL lab up --kubernetes --dir $KL --json 2>&1); then
+  secs=$(printf '%s' "$up" | python3 -c 'import json,sys; print(json.load(sys.stdin)["timings"]["bringUp"])' 2>/dev/null || echo '?')
+  echo "  [ok  ] node tenantnet-lab Ready (kubelet, containerd, Multus thin), up in $secs s"
+  set +e
+  .venv/bin/python -m tenantnet.lab.kubedeploy $KL
+  rc=$?
+  set -e
+  failures=$((failures+rc))
+else
+  echo "  [FAIL] the Kubernetes node did not come up: $(printf '%s' "$up" | tail -3)"
+  failures=$((failures+1))
+fi
+
+trap - EXIT
+cleanup4
+echo "  act 4: Kubernetes lab directory left: $([ -e $KL ] && echo yes || echo no)"
+[ ! -e $KL ] || failures=$((failures+1))
 
 if [ "$failures" -eq 0 ]; then bold "demo passed"; else bold "demo FAILED ($failures problems)"; exit 1; fi

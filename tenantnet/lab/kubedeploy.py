@@ -472,3 +472,60 @@ def reaches(lab: Any, src: str, ip: str) -> bool:
     except kube.KubeError:
         return False
     return True
+
+
+# ------------------------------------------------------------------------------ the demo's act
+
+
+def demo(root: str) -> int:
+    """`make demo`'s act on the real node (scripts/demo.sh), on a running lab in `root`: the
+    DaemonSet deployed, two tenants' pods, who reaches whom. Prints [ok  ]/[FAIL] lines;
+    the number of failures."""
+    from tenantnet.lab import kube
+
+    lab = kube.status(root)
+    failures = 0
+
+    def mark(ok: bool, what: str) -> None:
+        nonlocal failures
+        failures += not ok
+        print(f"  [{'ok  ' if ok else 'FAIL'}] {what}", flush=True)
+
+    print("  building tenantnet's image (packaging/build_runtime.py), applying packaging/*.yaml", flush=True)
+    done = deploy(lab)
+    t = done["timings"]
+    mark(True, f"{done['image']}: imported {t['imported']} s, DaemonSet and renderer ready {t['ready']} s")
+    bin_dir = lab.cni_bin_dir
+    installed = [c for c in ("tenantnet", "tenantnet-ipam")
+                 if not os.path.islink(f"{bin_dir}/{c}") and os.path.exists(f"{bin_dir}/{c}-shim")]
+    mark(len(installed) == 2, f"the DaemonSet installed {', '.join(installed) or 'nothing'} into {bin_dir}")
+    nads = "network-attachment-definitions"
+    for sa, verb, resource, want in (("tenantnet", "create", nads, "no"),
+                                     ("tenantnet", "watch", "tenantnetworks.tenantnet.io", "yes"),
+                                     ("tenantnet-renderer", "create", nads, "yes"),
+                                     ("tenantnet-renderer", "get", "secrets", "no")):
+        proc = subprocess.run([lab.kubectl, f"--kubeconfig={lab.kubeconfig}", "auth", "can-i", verb,
+                               resource, f"--as=system:serviceaccount:kube-system:{sa}"],
+                              capture_output=True, text=True, timeout=60, check=False)
+        mark(proc.stdout.strip() == want, f"ServiceAccount {sa} may {verb} {resource}: {proc.stdout.strip()}")
+    print("  two tenants, a TenantNetwork each (VLAN 101 / 102); two pods each, a route across", flush=True)
+    addrs = run_tenants(lab)
+    for pod, ip in addrs.items():
+        print(f"         {pod:14} net1 {ip}")
+    for src in ("tenant-a/p1", "tenant-b/p1"):
+        for dst, ip in addrs.items():
+            if dst == src:
+                continue
+            want = dst.split("/")[0] == src.split("/")[0]
+            got = reaches(lab, src, ip)
+            mark(got == want, f"{src} -> {dst:12} {'reaches' if got else 'blocked'} "
+                              f"(expected: {'reaches' if want else 'blocked'})")
+    return failures
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(min(demo(sys.argv[1]), 100))
+    except LabError as exc:
+        print(f"  [FAIL] {exc}")
+        sys.exit(1)
