@@ -82,7 +82,7 @@ integration: deps venv
 
 # pytest exits 5 when it ran no test: that is a failure here too (no `|| true`).
 test: deps venv lint
-	$(VENV)/bin/pytest -q -p no:cacheprovider tests/unit tests/integration tests/e2e
+	$(VENV)/bin/pytest -q -p no:cacheprovider --durations=25 tests/unit tests/integration tests/e2e
 
 bench: deps venv
 	$(PY) bench/bench_ovs.py --out docs/benchmarks.md
