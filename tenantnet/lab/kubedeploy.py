@@ -32,6 +32,7 @@ started (containerd refuses that propagation from a private mount).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import importlib.metadata
@@ -360,6 +361,10 @@ def deploy(lab: Any, timeout: float = 300) -> dict[str, Any]:
     from tenantnet.lab import kube
 
     t0 = time.monotonic()
+    bin_dir = Path(lab.cni_bin_dir)
+    saved = {"nodeConfig": Path(lab.node_config).read_text(),
+             "links": {c: os.readlink(bin_dir / c) for c in ("tenantnet", "tenantnet-ipam")
+                       if (bin_dir / c).is_symlink()}}
     archive = Path(lab.root) / "tenantnet-image.tar"
     image = image_archive(archive)
     built = time.monotonic() - t0
@@ -390,7 +395,38 @@ def deploy(lab: Any, timeout: float = 300) -> dict[str, Any]:
                                   "--field-selector", "type=Warning")
             raise DeployError(f"{what} not ready: {exc}\n{pods}\n{events}") from None
     timings = {"imageBuilt": built, "imported": imported, "applied": applied, "ready": time.monotonic() - t0}
-    return {"image": image, "timings": {k: round(v, 1) for k, v in timings.items()}}
+    return {"image": image, "timings": {k: round(v, 1) for k, v in timings.items()}, "saved": saved}
+
+
+def undeploy(lab: Any, deployed: dict[str, Any], timeout: float = 120) -> None:
+    """The lab node as before `deploy` (a lab that goes on: the e2e session's): the DaemonSet
+    and the renderer deleted and their pods gone, then the rest of what was applied (RBAC,
+    ConfigMap, the TenantNetwork CRD), the lab's own node config and the venv's plugin links
+    back, the agent's cache removed. The image and the runtime copy stay."""
+    from tenantnet.lab import kube
+
+    kube.kubectl(lab, "-n", "kube-system", "delete", "daemonset/tenantnet", "deployment/tenantnet-renderer",
+                 "--ignore-not-found", "--wait=true", f"--timeout={timeout:.0f}s", timeout=timeout + 20)
+    deadline = time.monotonic() + timeout
+    while kube.kubectl(lab, "-n", "kube-system", "get", "pods", "-o", "name",
+                       "-l", "app.kubernetes.io/name in (tenantnet, tenantnet-renderer)").strip():
+        if time.monotonic() > deadline:
+            raise DeployError(f"the DaemonSet's and the renderer's pods still run after {timeout:.0f} s")
+        time.sleep(0.3)
+    # and what else deploy applied, but the NAD CRD (the lab's own, from its bring-up)
+    rest = [d for d in lab_manifests(lab, deployed["image"])
+            if d["metadata"]["name"] != "network-attachment-definitions.k8s.cni.cncf.io"]
+    kube.kubectl(lab, "delete", "-f", "-", "--ignore-not-found", "--wait=true", f"--timeout={timeout:.0f}s",
+                 input=json.dumps({"apiVersion": "v1", "kind": "List", "items": rest}), timeout=timeout + 20)
+    saved = deployed["saved"]
+    Path(lab.node_config).write_text(saved["nodeConfig"])
+    bin_dir = Path(lab.cni_bin_dir)
+    for command, target in saved["links"].items():
+        for name in (command, f"{command}-shim"):
+            with contextlib.suppress(FileNotFoundError):
+                (bin_dir / name).unlink()
+        (bin_dir / command).symlink_to(target)
+    shutil.rmtree(Path(lab.ovs_root) / "state" / "kube", ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------ two tenants
@@ -433,13 +469,13 @@ def run_tenants(lab: Any, timeout: float = 180) -> dict[str, str]:
     kube.apply(lab, json.dumps({"apiVersion": "v1", "kind": "List", "items": tenant_objects(lab)}))
     deadline = time.monotonic() + timeout
     while True:
-        got = kube.kubectl(lab, "get", "network-attachment-definitions", "-A", "-o", "name",
-                           "-l", "tenantnet.io/tenant-network")
+        got = [kube.kubectl(lab, "get", "network-attachment-definitions", "-n", t, "-o", "name",
+                            "-l", f"tenantnet.io/tenant-network={t}-net") for t in TENANTS]
         sa = [kube.kubectl(lab, "get", "serviceaccount", "-n", t, "-o", "name") for t in TENANTS]
-        if len(got.split()) == len(TENANTS) and all("default" in s for s in sa):
+        if all(got) and all("default" in s for s in sa):
             break
         if time.monotonic() > deadline:
-            raise DeployError(f"the renderer rendered {got.split()} within {timeout:.0f} s")
+            raise DeployError(f"the renderer rendered {' '.join(got) or 'nothing'} within {timeout:.0f} s")
         time.sleep(0.3)
     pods = tenant_pods()
     kube.apply(lab, json.dumps({"apiVersion": "v1", "kind": "List", "items": pods}))
@@ -461,6 +497,25 @@ def run_tenants(lab: Any, timeout: float = 180) -> dict[str, str]:
         other = next(subnet for t, (_, subnet) in TENANTS.items() if t != ns)
         kube.kubectl(lab, "exec", "-n", ns, name, "--", "ip", "route", "add", other, "dev", "net1")
     return addrs
+
+
+def remove_tenants(lab: Any, timeout: float = 120) -> None:
+    """The two tenants' pods, TenantNetworks (their NADs, whose finalizer the renderer lifts:
+    while it runs) and namespaces deleted."""
+    from tenantnet.lab import kube
+
+    for t in TENANTS:
+        kube.kubectl(lab, "delete", "pods", "--all", "-n", t, "--ignore-not-found", "--wait=true",
+                     f"--timeout={timeout:.0f}s", timeout=timeout + 20)
+    kube.kubectl(lab, "delete", "tenantnetworks", *(f"{t}-net" for t in TENANTS), "--ignore-not-found",
+                 "--wait=true", f"--timeout={timeout:.0f}s", timeout=timeout + 20)
+    deadline = time.monotonic() + timeout
+    while any(kube.kubectl(lab, "get", "network-attachment-definitions", "-n", t, "-o", "name").strip()
+              for t in TENANTS):
+        if time.monotonic() > deadline:
+            raise DeployError(f"the tenants' NADs are still there {timeout:.0f} s after their TenantNetworks")
+        time.sleep(0.3)
+    kube.kubectl(lab, "delete", "namespaces", *TENANTS, "--ignore-not-found", "--wait=false")
 
 
 def reaches(lab: Any, src: str, ip: str) -> bool:

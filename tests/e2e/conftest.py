@@ -35,6 +35,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -342,3 +343,59 @@ def podman(podman_env: Podman) -> Iterator[Podman]:
 def wait_until(predicate: Any, timeout: float = 15.0, interval: float = 0.2) -> bool:
     """tests/polling.py's poller, with the e2e tier's patience (podman is slow)."""
     return poll(predicate, timeout, interval)
+
+
+# ------------------------------------------------------------------ the Kubernetes lab, shared
+
+# The test that kills the lab's kubelet and containerd and takes the lab down runs last, so the
+# Kubernetes modules share one bring-up (a module after it would bring a new one up).
+KUBE_LAB_LAST = ("test_down_after_a_crash_leaves_nothing_behind",)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.name in KUBE_LAB_LAST)  # stable: the rest keep their order
+
+
+class KubeSession:
+    """The session's Kubernetes lab (tests/e2e/test_kube_lab.py's `Lab`), brought up on first
+    use — again if a test took it down. A module that changes the lab node (its node config,
+    the CNI bin dir's plugins, an agent of its own) puts it back when it ends."""
+
+    def __init__(self) -> None:
+        self.root = f"/run/tnk-e2e-{os.getpid()}"  # short: containerd's shim sockets live under it
+        self.before: dict[str, Any] | None = None
+        self.others_before = False
+        self.current: Any = None
+
+    def lab(self) -> Any:
+        from tenantnet.lab import kube
+        from tests.e2e.test_kube_lab import Lab, _ctl, _fail_unless_usable, _fixed_state
+
+        if self.current is not None and kube.status(self.root).running:
+            return self.current
+        _fail_unless_usable()
+        if self.before is None:
+            self.before = _fixed_state(self.root)
+            self.others_before = bool(kube.other_labs(self.root))
+        started = time.monotonic()
+        proc = _ctl("lab", "up", "--kubernetes", "--dir", self.root, "--json")
+        took = time.monotonic() - started
+        if proc.returncode != 0:
+            kube.down(self.root)
+            pytest.fail(f"lab up --kubernetes failed:\n{proc.stderr}", pytrace=False)
+        shown = json.loads(proc.stdout)
+        lab = Lab(kube.status(self.root), self.before, self.others_before, took)
+        assert shown["kubeconfig"] == lab.lab.kubeconfig and shown["running"]
+        self.current = lab
+        return lab
+
+
+@pytest.fixture(scope="session")
+def kube_session() -> Iterator[KubeSession]:
+    from tenantnet.lab import kube
+
+    session = KubeSession()
+    try:
+        yield session
+    finally:
+        kube.down(session.root)

@@ -9,7 +9,8 @@ bin dir; the agent and the renderer run under their ServiceAccounts; the real RB
 exactly what packaging/rbac.yaml says (`kubectl auth can-i --as`). Two tenants, a
 TenantNetwork each: their pods get net1 from Multus → the *installed* trampoline → the agent in
 the DaemonSet's pod (its served count), reach their own tenant's pods and not the other's even
-with a route across (only the VLAN separates them); `lab down` leaves nothing behind.
+with a route across (only the VLAN separates them). On the session's lab (tests/e2e/conftest.py),
+put back as it was afterwards; the crash test, last, checks `lab down` leaves nothing of it.
 
 Fails (never skips) without the Kubernetes binaries, as tests/e2e/test_kube_lab.py.
 """
@@ -32,7 +33,6 @@ import yaml
 from tenantnet.lab import kube, kubedeploy
 from tenantnet.lab import node as labnode
 from tenantnet.ops import runtime as rtmod
-from tests.e2e.test_kube_lab import _assert_host_as_before, _fail_unless_usable, _fixed_state
 from tests.polling import poll
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
@@ -62,20 +62,18 @@ class Deployed:
 
 
 @pytest.fixture(scope="module")
-def deployed() -> Iterator[Deployed]:
-    _fail_unless_usable()
-    root = f"/run/tnk-ds-{os.getpid()}"  # short: containerd's shim sockets live under it
-    before = _fixed_state(root)
-    others = bool(kube.other_labs(root))
+def deployed(kube_session: Any) -> Iterator[Deployed]:
+    """The session's lab (tests/e2e/conftest.py) with the DaemonSet deployed; put back as it was
+    for the modules after this one (kubedeploy.undeploy). The crash test, last, checks that
+    `lab down` leaves nothing of it either."""
+    lab = kube_session.lab().lab
+    done = kubedeploy.deploy(lab)
+    print(f"\nthe DaemonSet and the renderer ready {done['timings']}")
     try:
-        lab = kube.up(root)
-        done = kubedeploy.deploy(lab)
-        print(f"\nlab up {lab.timings.get('bringUp')} s; the DaemonSet and the renderer ready {done['timings']}")
         yield Deployed(lab, done["image"], done["timings"])
     finally:
-        kube.down(root)
-    assert not os.path.exists(root)
-    _assert_host_as_before(root, before, others)
+        if kube.status(lab.root).running:
+            kubedeploy.undeploy(lab, done)
 
 
 def test_the_daemonset_installed_the_plugin_and_runs_the_agent(deployed: Deployed) -> None:
@@ -164,8 +162,7 @@ def test_two_tenants_through_the_installed_plugin_and_agent(deployed: Deployed) 
     assert kubedeploy.reaches(lab, "tenant-a/p1", a2) and kubedeploy.reaches(lab, "tenant-b/p2", b1)
     assert not kubedeploy.reaches(lab, "tenant-a/p1", b1), "tenant A reached tenant B"
     assert not kubedeploy.reaches(lab, "tenant-b/p2", a2), "tenant B reached tenant A"
-    for t in kubedeploy.TENANTS:
-        deployed.kubectl("delete", "pods", "--all", "-n", t, "--wait=true", "--timeout=120s", timeout=150)
+    kubedeploy.remove_tenants(lab)  # (the session's lab goes on)
     gone = subprocess.run([CTL, "--node-config", lab.node_config, "ls", "--json"], capture_output=True,
                           text=True, check=True, timeout=60).stdout
     assert json.loads(gone) == [], gone

@@ -4,7 +4,8 @@ CRD present; the RBAC checks really asked the API server (SelfSubjectAccessRevie
 impersonating the ServiceAccount) — and once the grant the doctor prints is applied, they
 PASS. Through kubectl, and through the built-in client (TLS, client certificates).
 
-Without the Kubernetes binaries this module fails (never skips), as test_kube_lab does.
+On the session's lab (tests/e2e/conftest.py). Without the Kubernetes binaries this module fails
+(never skips), as test_kube_lab does.
 """
 
 from __future__ import annotations
@@ -14,14 +15,12 @@ import os
 import shlex
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
 from tenantnet.lab import kube, kubebin
-from tests.e2e.test_kube_lab import _fail_unless_usable
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
 REPO = Path(__file__).resolve().parents[2]
@@ -29,16 +28,10 @@ SA = "kube-system/tn-doctor-e2e"
 
 
 @pytest.fixture(scope="module")
-def klab() -> Iterator[kube.KubeLab]:
-    _fail_unless_usable()
-    root = f"/run/tnk-doc-{os.getpid()}"  # short: containerd's shim sockets live under it
-    proc = subprocess.run([CTL, "lab", "up", "--kubernetes", "--dir", root, "--json"], capture_output=True,
-                          text=True, timeout=600, check=False)
-    try:
-        assert proc.returncode == 0, f"lab up --kubernetes failed:\n{proc.stderr}"
-        yield kube.status(root)
-    finally:
-        kube.down(root)
+def klab(kube_session: Any) -> kube.KubeLab:
+    """The session's lab (tests/e2e/conftest.py); what this module grants its ServiceAccount
+    is its own."""
+    return cast(kube.KubeLab, kube_session.lab().lab)
 
 
 def doctor(lab: kube.KubeLab, *args: str) -> tuple[int, dict[str, dict[str, Any]]]:

@@ -1,6 +1,7 @@
 """Issue 27: tenantnet on a real Kubernetes node in the lab (tenantnet/lab/kube.py).
 
-One bring-up for the module (`tenantnetctl lab up --kubernetes`): etcd, kube-apiserver,
+One bring-up for the session's Kubernetes modules (`tenantnetctl lab up --kubernetes`,
+tests/e2e/conftest.py's `kube_session`): etcd, kube-apiserver,
 controller-manager, scheduler, containerd 2.3.4 and a kubelet 1.36.2 with Multus thin as its
 CNI. Two pods scheduled for real ask for a NAD of `type: tenantnet` (OVS mode on the lab's
 OVS) through the `k8s.v1.cni.cncf.io/networks` annotation: kubelet → containerd → Multus →
@@ -24,10 +25,9 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -149,23 +149,10 @@ class Lab:
 
 
 @pytest.fixture(scope="module")
-def klab() -> Iterator[Lab]:
-    _fail_unless_usable()
-    # Short: containerd's shim sockets live under it (a unix socket path has 107 bytes).
-    root = f"/run/tnk-e2e-{os.getpid()}"
-    before = _fixed_state(root)
-    others = bool(kube.other_labs(root))
-    started = time.monotonic()
-    proc = _ctl("lab", "up", "--kubernetes", "--dir", root, "--json")
-    bring_up = time.monotonic() - started
-    try:
-        assert proc.returncode == 0, f"lab up --kubernetes failed:\n{proc.stderr}"
-        shown = json.loads(proc.stdout)
-        lab = Lab(kube.status(root), before, others, bring_up)
-        assert shown["kubeconfig"] == lab.lab.kubeconfig and shown["running"]
-        yield lab
-    finally:
-        kube.down(root)
+def klab(kube_session: Any) -> Lab:
+    """The session's lab (tests/e2e/conftest.py: one bring-up for the Kubernetes modules; the
+    crash test below runs last and takes it down)."""
+    return cast(Lab, kube_session.lab())
 
 
 def _pod_manifest(name: str) -> dict[str, Any]:

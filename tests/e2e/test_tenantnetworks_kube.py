@@ -27,7 +27,7 @@ import pytest
 
 from tenantnet.lab import kube, kubeimages
 from tenantnet.plugin import kubecache
-from tests.e2e.test_kube_lab import Lab, klab  # noqa: F401  (the module's own lab)
+from tests.e2e.test_kube_lab import Lab, klab  # noqa: F401  (the session's lab, tests/e2e/conftest.py)
 from tests.polling import poll
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
@@ -98,7 +98,8 @@ def cluster(klab: Lab) -> Iterator[Cluster]:  # noqa: F811
     # The lab node in Kubernetes mode: its watcher reads the lab's API server; tenants by
     # label, Capsule and HNC; the agent on a socket of its own (never the host's default).
     node_config = Path(lab.node_config)
-    node_config.write_text(node_config.read_text() + f"kubernetes: true\nkubeconfig: {lab.kubeconfig}\n"
+    original = node_config.read_text()  # put back at the end: the session's lab is shared
+    node_config.write_text(original + f"kubernetes: true\nkubeconfig: {lab.kubeconfig}\n"
                            f"nodeName: {lab.node_name}\ntenantSources: [label, capsule, hnc]\n"
                            f"agentSocket: {lab.root}/agent.sock\n")
     kube.apply(lab, CRD.read_text())
@@ -126,6 +127,7 @@ def cluster(klab: Lab) -> Iterator[Cluster]:  # noqa: F811
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        node_config.write_text(original)
 
 
 def _renderer_log(c: Cluster) -> str:
