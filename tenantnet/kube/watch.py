@@ -12,6 +12,7 @@ networks, new ADDs get the last synced state — never an empty one.
 
 from __future__ import annotations
 
+import os
 import random
 import socket
 import threading
@@ -25,6 +26,7 @@ from tenantnet.plugin.nodeconfig import NodeConfig
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 KINDS = ("tenantnetworks", "namespaces", "node")
+NODE_NAME_ENV = "TENANTNET_NODE_NAME"  # packaging/daemonset.yaml: the pod's spec.nodeName
 
 
 class Source:
@@ -97,7 +99,9 @@ class NodeWatch:
     ) -> None:
         self.node = node
         self.log = log
-        self.node_name = node.node_name or socket.gethostname()
+        # its Node: nodeName, else what the DaemonSet passes (spec.nodeName: a host's name need not be
+        # its node's), else the host name
+        self.node_name = node.node_name or os.environ.get(NODE_NAME_ENV, "") or socket.gethostname()
         self.cache = kubecache.CacheWriter(node.state_dir)
         self._source_factory = source_factory or (lambda: LightkubeSource(node.kubeconfig, self.node_name))
         self._sleep = sleep

@@ -19,8 +19,8 @@ sources, the dependencies' versions, build_runtime.py and the trampoline's sourc
 - every hostPath the DaemonSet mounts moves into the lab (`host_paths`), and a mount at the
   host's own path (or under `/host`) moves with it, so a path means the same on the host and
   in the pod; the installer is told the lab's CNI bin dir, runtime dir and node config;
-- the node config (the ConfigMap) is the lab node's, in Kubernetes mode, with the agent's
-  socket under the lab (the trampoline Multus execs on the host reads it there);
+- the node config (the ConfigMap) gets the same paths (the agent's socket under the lab: the
+  trampoline Multus execs on the host reads it there), Kubernetes mode, no metrics port;
 - the lab has no kube-proxy: the pods' `KUBERNETES_SERVICE_HOST/PORT` name the API server's
   own address instead of the `kubernetes` Service;
 - the renderer's Deployment runs one replica.
@@ -311,8 +311,7 @@ def node_config(lab: Any) -> str:
         if key == "metricsPort":
             line = "metricsPort: 0"
         lines.append(line)
-    lines += ["# the lab (tenantnet/lab/kubedeploy.py): Kubernetes mode on its one node",
-              "kubernetes: true", f"nodeName: {lab.node_name}"]
+    lines += ["# the lab (tenantnet/lab/kubedeploy.py): Kubernetes mode on its one node", "kubernetes: true"]
     return "\n".join(lines) + "\n"
 
 

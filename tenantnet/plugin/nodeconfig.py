@@ -187,8 +187,9 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                         "config gives in full (without the built-in defaults; each must be given)"),
     "ovsdbEndpoints": ("ovsdb_endpoints", list,
                        "a list of OVSDB endpoints (unix:/path, tcp:host:port) a NAD's socket_file may name"),
-    "nodeName": ("node_name", str, "this node's name in the cluster (a DNS name; the DaemonSet passes "
-                                   "spec.nodeName)"),
+    "nodeName": ("node_name", str, "this node's name in the cluster (a DNS name; default: the agent's "
+                                   "$TENANTNET_NODE_NAME, which the DaemonSet sets to spec.nodeName, for its "
+                                   "Node, else the host name)"),
     "nodeAddress": ("node_address", str, "this node's underlay IP address"),
     "etcdEndpoints": ("etcd_endpoints", list, "a list of etcd client URLs (http://host:port or https://)"),
     "etcdCaFile": ("etcd_ca_file", str, "an absolute path of the CA bundle etcd's certificate is checked "

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -33,6 +34,7 @@ import yaml
 from tenantnet.lab import kube, kubedeploy
 from tenantnet.lab import node as labnode
 from tenantnet.ops import runtime as rtmod
+from tenantnet.plugin import kubecache
 from tests.polling import poll
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
@@ -105,6 +107,11 @@ def test_the_daemonset_installed_the_plugin_and_runs_the_agent(deployed: Deploye
     cmdline = Path(f"/proc/{status['pid']}/cmdline").read_bytes().split(b"\0")  # hostPID: the host's pid
     assert f"{kubedeploy.IMAGE_RUNTIME}/libexec/tenantnetctl".encode() in cmdline, cmdline
     assert poll(lambda: deployed.agent_status()["kubernetes"]["synced"], 60, 0.5), deployed.agent_status()
+    # It watches its own Node, named by the DaemonSet (spec.nodeName): not the machine's host name.
+    assert "nodeName" not in written and socket.gethostname() != lab.node_name
+    synced = kubecache.read_sync(written["stateDir"])
+    assert synced is not None and synced.node_name == lab.node_name, synced
+    assert synced.node_labels.get("kubernetes.io/hostname") == lab.node_name, synced
     renderer = deployed.pod("tenantnet-renderer")
     assert renderer["spec"]["serviceAccountName"] == "tenantnet-renderer"
     logs = deployed.kubectl("-n", "kube-system", "logs", renderer["metadata"]["name"])

@@ -715,7 +715,8 @@ def test_daemonset_runs_the_agent_where_the_shims_look_for_it(tmp_path: Path) ->
     agent = next(c for c in spec["containers"] if c["name"] == "agent")
     assert agent["command"][-2:] == ["agent", "run"] and agent["command"][0].endswith("tenantnetctl")
     assert spec.get("hostPID") is True  # CNI_NETNS may be /proc/<pid>/ns/net
-    env = {e["name"]: e["value"] for e in agent["env"]}
+    env = {e["name"]: e.get("value") for e in agent["env"]}
+    assert {"name": "TENANTNET_NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}} in agent["env"]
     vols = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m for m in agent["volumeMounts"]}
     assert Path(env["TENANTNET_CONFIG"]).parent.as_posix() in mounts  # the node config the init wrote
