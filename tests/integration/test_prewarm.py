@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from tenantnet.plugin.system import dpctl, warmframes
 from tests.integration.conftest import new_cid
 from tests.integration.etcdsupport import EtcdServer, free_port
 from tests.polling import poll
+from tests.silentpeer import SilentEtcd
 
 NET = "warm100"
 PLUGIN_DIR = str(Path(sys.executable).parent)
@@ -402,31 +401,6 @@ def test_tagged_frames_are_not_forwarded_by_the_prewarm_rules(lab, plugin, netns
     assert plugin.call("DEL", warm_conf, pods["a"]["cid"], "", "net1").code == 0
     assert rules(lab) == []
     assert plugin.call("DEL", warm_conf, pods["b"]["cid"], "", "net1").code == 0
-
-
-class SilentEtcd:
-    """An "etcd" on a free loopback port that accepts connections and never answers: what a
-    hung or partitioned member looks like to a client (a refused connection fails at once)."""
-
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
-        self.port = int(self.listener.getsockname()[1])
-        self.held: list[socket.socket] = []
-        self.thread = threading.Thread(target=self._accept, daemon=True)
-        self.thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.held.append(conn)  # kept open, never read or answered
-
-    def close(self) -> None:
-        self.listener.close()
-        for conn in self.held:
-            conn.close()
 
 
 def _cluster_node_config(lab, path: Path, port: int) -> Path:

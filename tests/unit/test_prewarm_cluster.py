@@ -6,8 +6,6 @@ no record backs). With a real etcd and the lab: tests/integration/test_prewarm.p
 from __future__ import annotations
 
 import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -20,32 +18,11 @@ from tenantnet.plugin.drivers import prewarm
 from tenantnet.plugin.drivers.ovs import OvsPlan
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import PHASE_READY, AttachmentRecord, RecordStore
+from tests.polling import poll
+from tests.silentpeer import SilentEtcd
 
 BASE = "/tn/prewarm/"
 ME = "node1"
-
-
-class SilentEtcd:
-    """Accepts connections on a free loopback port and never answers (a hung member)."""
-
-    def __init__(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
-        self.port = int(self.listener.getsockname()[1])
-        self.held: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.held.append(conn)
-
-    def close(self) -> None:
-        self.listener.close()
-        for conn in self.held:
-            conn.close()
 
 
 @pytest.fixture
@@ -102,16 +79,7 @@ def test_an_add_waits_at_most_cluster_wait_and_then_leaves_the_store_to_the_hear
     started = time.monotonic()
     prewarm._unpublish(node, record)
     assert time.monotonic() - started < node.etcd_timeout
-    assert poll_count(silent, connections + 1)
-
-
-def poll_count(silent: SilentEtcd, at_least: int) -> bool:
-    deadline = time.monotonic() + 2
-    while len(silent.held) < at_least:
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.01)
-    return True
+    assert poll(lambda: len(silent.held) >= connections + 1, timeout=10)
 
 
 def test_the_heartbeat_keeps_the_nodes_etcd_timeout(silent: SilentEtcd, tmp_path: Path) -> None:
