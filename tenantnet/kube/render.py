@@ -9,6 +9,9 @@ level-based reconcile (events arriving together are folded into one):
   (tnrender.cluster_conflicts: overlapping pools, one VLAN of one fabric for two tenants);
   `vlan: auto` gets the lowest free VLAN of the renderer's range on its fabrics, kept in
   `status.vlan`;
+- a network whose fabric names a PF that none of the nodes it would be used on publishes
+  (their `tenantnet.io/pfs` annotation, tenantnet/kube/watch.py) is refused (UnknownPF) and
+  rendered nowhere: its NADs, if any, are removed, as for Invalid and Conflict;
 - the namespaces each network selects (tenants through the one resolver, tenants.py, or
   its namespaceSelector) get its NAD (tnrender.render_nad: `type: tenantnet`, labelled,
   owned, with the finalizer `tenantnet.io/rendered-nad`), written by server-side apply with
@@ -18,7 +21,7 @@ level-based reconcile (events arriving together are folded into one):
   selected) loses the finalizer and is deleted;
 - `status`: renderedNamespaces, conflicts (namespaces whose tenant sources disagree), the
   last error and a Ready condition whose reason says why not (Invalid, Conflict,
-  NoVlanLeft).
+  NoVlanLeft, UnknownPF).
 """
 
 from __future__ import annotations
@@ -83,7 +86,7 @@ class Renderer:
         namespace: str = "kube-system",
         identity: str = "",
     ) -> None:
-        from lightkube.resources.core_v1 import Namespace
+        from lightkube.resources.core_v1 import Namespace, Node
 
         from tenantnet.kube import api
 
@@ -94,6 +97,7 @@ class Renderer:
         self.namespace = namespace
         self.identity = identity or f"{socket.gethostname()}-{id(self):x}"
         self.TN, self.NAD, self.Namespace = api.TenantNetwork, api.NetworkAttachmentDefinition, Namespace
+        self.Node = Node
         self.wake: queue.Queue[str] = queue.Queue()
         self._stop = threading.Event()
         self.leader = False
@@ -207,6 +211,17 @@ class Renderer:
             except InvalidTenantNetwork as exc:
                 status[name] = self._status(obj, [], [], str(exc), "Invalid")
         self._assign_vlans(parsed, objects, status)
+        if any(tn.fabric.mode != "ovs" for n, tn in parsed.items() if n not in status):
+            nodes = {
+                _meta(o)["name"]: (dict(_meta(o).get("labels") or {}),
+                                   tnrender.published_pfs(_meta(o).get("annotations")))
+                for o in map(api.as_dict, self.client.list(self.Node))
+            }
+            for name in sorted(parsed):
+                why = None if name in status else tnrender.unknown_pfs(parsed[name], nodes)
+                if why:
+                    obj = next(o for o in objects if _meta(o).get("name") == name)
+                    status[name] = self._status(obj, [], [], why, "UnknownPF")
         selections = {
             n: tnrender.selected(tn, self.resolver, namespaces) for n, tn in parsed.items() if n not in status
         }
@@ -438,6 +453,7 @@ class Renderer:
         for res, kw in (
             (self.TN, {}),
             (self.Namespace, {}),
+            (self.Node, {}),  # a node's PFs (UnknownPF)
             (self.NAD, {"namespace": "*", "labels": {MANAGED_BY_LABEL: MANAGED_BY}}),
         ):
             threading.Thread(

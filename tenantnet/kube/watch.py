@@ -8,10 +8,17 @@ listed, and again at each later full list: before it, ADDs fail closed ("not syn
 When the API server is unreachable the threads retry with a growing, jittered backoff
 (0.5 s doubling up to 30 s) and the cache stays as it was: running pods keep their
 networks, new ADDs get the last synced state — never an empty one.
+
+The node thread also publishes this node's SR-IOV PFs (netdev name and PCI address, found
+in the node's sysfs) as its Node's annotation `tenantnet.io/pfs`, patched only when it
+differs, so the renderer can refuse a TenantNetwork naming PFs no node has (UnknownPF).
+Advisory: any agent allowed to patch Nodes could write any Node's; the node enforces its own
+PFs at ADD whatever the annotation says.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import socket
@@ -22,6 +29,8 @@ from typing import Any
 
 from tenantnet.plugin import kubecache
 from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.system import sysfs
+from tenantnet.plugin.tnrender import MAX_PUBLISHED_PFS, PFS_ANNOTATION
 
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
@@ -38,6 +47,32 @@ class Source:
 
     def watch(self, kind: str, resource_version: str) -> Iterable[tuple[str, dict[str, Any]]]:
         raise NotImplementedError
+
+    def annotate_node(self, name: str, key: str, value: str) -> None:
+        """Set one annotation on the Node `name` (a merge patch)."""
+        raise NotImplementedError
+
+
+def discover_pfs(root: str) -> list[dict[str, str]]:
+    """This node's SR-IOV PFs as [{name, pci}], by netdev name: every netdev of class/net
+    that is a PF's own (not a switchdev representor, not a VF), at most MAX_PUBLISHED_PFS."""
+    s = sysfs.Sysfs(root)
+    try:
+        names = sorted(os.listdir(os.path.join(root, "class", "net")))
+    except OSError:
+        return []
+    out: list[dict[str, str]] = []
+    for name in names:
+        port = sysfs._read_attribute(os.path.join(root, "class", "net", name, "phys_port_name")) or "-"
+        if sysfs.representor_vf_index(port) is not None:
+            continue
+        try:
+            out.append({"name": name, "pci": s.pf_address(name)})
+        except sysfs.SysfsError:
+            continue
+        if len(out) >= MAX_PUBLISHED_PFS:
+            break
+    return out
 
 
 class LightkubeSource(Source):
@@ -75,6 +110,12 @@ class LightkubeSource(Source):
             server_timeout=api.WATCH_SECONDS,
         ):
             yield event, api.as_dict(obj)
+
+    def annotate_node(self, name: str, key: str, value: str) -> None:
+        from lightkube.resources.core_v1 import Node
+        from lightkube.types import PatchType
+
+        self.client.patch(Node, name, {"metadata": {"annotations": {key: value}}}, patch_type=PatchType.MERGE)
 
 
 def _name(obj: dict[str, Any]) -> str:
@@ -115,6 +156,7 @@ class NodeWatch:
         self.lists = 0
         self._announced = False
         self.last_error = ""
+        self.published_pfs: str | None = None  # the annotation's value, as last seen or patched
 
     def start(self) -> None:
         source = self._source_factory()
@@ -134,7 +176,8 @@ class NodeWatch:
         """For `tenantnetctl agent status`: whether the cache is complete, and what went wrong last."""
         with self._lock:
             return {"synced": self._listed >= set(KINDS), "lists": self.lists, "events": self.events,
-                    "lastError": self.last_error or None}
+                    "lastError": self.last_error or None,
+                    "pfs": json.loads(self.published_pfs) if self.published_pfs else None}
 
     def synced(self) -> bool:
         with self._lock:
@@ -146,11 +189,15 @@ class NodeWatch:
             try:
                 items, version = source.list(kind)
                 self._replace(kind, items)
+                if kind == "node" and items:
+                    self._publish(source, items[0])
                 delay = BACKOFF_FIRST
                 for event, obj in source.watch(kind, version):
                     if self._stop.is_set():
                         return
                     self._apply(kind, event, obj)
+                    if kind == "node" and event != "DELETED":
+                        self._publish(source, obj)
                 # The stream ended without error: list again (what changed in between is in it).
             except Exception as exc:  # the API unreachable, a 410, a refusal: keep the cache, retry
                 self.last_error = f"{kind}: {type(exc).__name__}: {exc}"[:500]
@@ -162,6 +209,23 @@ class NodeWatch:
                 )
                 self._sleep(delay * random.uniform(0.8, 1.2))
                 delay = min(delay * 2, BACKOFF_MAX)
+
+    def _publish(self, source: Source, node: dict[str, Any]) -> None:
+        """Patch the Node's `tenantnet.io/pfs` when it differs from what sysfs shows now.
+        Its failure (no RBAC, the API away) is logged, never fatal: the annotation is advisory."""
+        want = json.dumps(discover_pfs(self.node.sysfs_root), separators=(",", ":"))
+        have = ((node.get("metadata") or {}).get("annotations") or {}).get(PFS_ANNOTATION)
+        if have == want:
+            self.published_pfs = want
+            return
+        try:
+            source.annotate_node(self.node_name, PFS_ANNOTATION, want)
+        except Exception as exc:
+            self.last_error = f"publishing PFs: {type(exc).__name__}: {exc}"[:500]
+            self.log.warning("kube.publish_pfs_failed", node=self.node_name, error=self.last_error)
+            return
+        self.published_pfs = want
+        self.log.info("kube.published_pfs", node=self.node_name, pfs=json.loads(want))
 
     def _doc(self, kind: str, obj: dict[str, Any]) -> dict[str, Any]:
         if kind == "namespaces":

@@ -150,3 +150,53 @@ def auto_vlan(tn: TenantNetwork, taken: Mapping[str, set[int]], lo: int, hi: int
         if vlan not in used:
             return vlan
     return None
+
+
+PFS_ANNOTATION = "tenantnet.io/pfs"  # on a Node: the SR-IOV PFs its agent found (tenantnet/kube/watch.py)
+MAX_PUBLISHED_PFS = 64
+
+
+def published_pfs(annotations: Mapping[str, str] | None) -> frozenset[str] | None:
+    """The PF names and PCI addresses a Node's `tenantnet.io/pfs` annotation lists (a JSON
+    list of {name, pci}); None when the node publishes none (no agent, or not valid)."""
+    raw = (annotations or {}).get(PFS_ANNOTATION)
+    if not isinstance(raw, str) or len(raw) > 16384:
+        return None
+    try:
+        items = json.loads(raw)
+    except ValueError:
+        return None
+    if not isinstance(items, list):
+        return None
+    out: set[str] = set()
+    for item in items[:MAX_PUBLISHED_PFS]:
+        if isinstance(item, dict):
+            out.update(str(item[k]) for k in ("name", "pci") if isinstance(item.get(k), str) and item[k])
+    return frozenset(out)
+
+
+def unknown_pfs(tn: TenantNetwork,
+                nodes: Mapping[str, tuple[Mapping[str, str], frozenset[str] | None]]) -> str | None:
+    """Why a VF network names PFs no node has, or None. `nodes`: name -> (labels, the PFs it
+    publishes, None if none). A PF is known when any node its fabric (the node-specific entry
+    chosen by the node's labels) gives it to publishes it; a PF no node would use is not
+    checked (a node may join later). Advisory: each node still enforces its own PFs at ADD."""
+    if tn.fabric.mode == "ovs":
+        return None
+    from tenantnet.plugin.pci import normalise_pci_address
+
+    users: dict[str, list[str]] = {}
+    for node in sorted(nodes):
+        for pf in tn.fabric.on(nodes[node][0])[1]:
+            users.setdefault(pf, []).append(node)
+    missing = []
+    for pf, on in users.items():
+        wanted = {pf, normalise_pci_address(pf) or pf}
+        if not any(wanted & (nodes[n][1] or frozenset()) for n in on):
+            def says(n: str) -> str:
+                has = sorted(nodes[n][1] or ())
+                return f"{n} (publishes {', '.join(has)})" if has else f"{n} (publishes no PF)"
+
+            shown = ", ".join(says(n) for n in on[:5]) + (f" and {len(on) - 5} more" if len(on) > 5 else "")
+            missing.append(f"PF {pf} is on none of the nodes its fabric selects: {shown}")
+    return "; ".join(missing)[:4096] or None

@@ -112,6 +112,12 @@ def test_the_daemonset_installed_the_plugin_and_runs_the_agent(deployed: Deploye
     synced = kubecache.read_sync(written["stateDir"])
     assert synced is not None and synced.node_name == lab.node_name, synced
     assert synced.node_labels.get("kubernetes.io/hostname") == lab.node_name, synced
+    # It publishes the PFs its sysfs shows on its Node, through the ServiceAccount's patch.
+    assert poll(lambda: deployed.agent_status()["kubernetes"].get("pfs") is not None, 60, 0.5), \
+        deployed.agent_status()
+    node = json.loads(deployed.kubectl("get", "node", lab.node_name, "-o", "json"))
+    assert json.loads(node["metadata"]["annotations"]["tenantnet.io/pfs"]) == \
+        deployed.agent_status()["kubernetes"]["pfs"], node["metadata"]["annotations"]
     renderer = deployed.pod("tenantnet-renderer")
     assert renderer["spec"]["serviceAccountName"] == "tenantnet-renderer"
     logs = deployed.kubectl("-n", "kube-system", "logs", renderer["metadata"]["name"])
@@ -124,6 +130,8 @@ def test_the_daemonset_installed_the_plugin_and_runs_the_agent(deployed: Deploye
     (AGENT_SA, "watch", "tenantnetworks.tenantnet.io", True),
     (AGENT_SA, "watch", "namespaces", True),
     (AGENT_SA, "get", "nodes", True),
+    (AGENT_SA, "patch", "nodes", True),  # its PFs' annotation (docs/kubernetes.md)
+    (AGENT_SA, "delete", "nodes", False),
     (AGENT_SA, "create", "network-attachment-definitions.k8s.cni.cncf.io", False),
     (AGENT_SA, "patch", "tenantnetworks.tenantnet.io", False),
     (AGENT_SA, "get", "secrets", False),
@@ -133,6 +141,8 @@ def test_the_daemonset_installed_the_plugin_and_runs_the_agent(deployed: Deploye
     (RENDERER_SA, "patch", "tenantnetworks.tenantnet.io", False),
     (RENDERER_SA, "create", "tenantnetworks.tenantnet.io", False),
     (RENDERER_SA, "get", "secrets", False),
+    (RENDERER_SA, "watch", "nodes", True),
+    (RENDERER_SA, "patch", "nodes", False),
     (RENDERER_SA, "update", "leases.coordination.k8s.io -n kube-system", True),
     (RENDERER_SA, "update", "leases.coordination.k8s.io -n default", False),
 ])

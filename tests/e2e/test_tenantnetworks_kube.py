@@ -5,9 +5,11 @@ The CRD (packaging/crds/tenantnetwork.yaml) applied to the real API server; the 
 config `kubernetes: true`) run as processes of the test against it. Tenants by label, by
 Capsule's label and through HNC's depth labels; NADs rendered into exactly the selected
 namespaces, re-rendered when a label changes, a tenant's edit undone and counted, a
-conflicting network reported in its status, a deleted network's NADs removed, a schema
-violation refused by the API server itself; a pod scheduled for real gets its TenantNetwork's
-VLAN through kubelet → containerd → Multus → tenantnet, and a hand-written NAD is refused.
+conflicting network reported in its status, a network naming a PF no node publishes refused
+(UnknownPF), a deleted network's NADs removed, a schema violation refused by the API server
+itself; a pod scheduled for real gets its TenantNetwork's VLAN through kubelet → containerd →
+Multus → tenantnet, and a hand-written NAD is refused; an agent restart changes nothing for
+running pods.
 Fails (never skips) without the Kubernetes binaries, as tests/e2e/test_kube_lab.py.
 """
 
@@ -195,6 +197,36 @@ def test_controller_and_schema_refusals(cluster: Cluster) -> None:
     assert "vlan must be a VLAN id from 1 to 4094" in str(info.value)
 
 
+def test_the_agent_publishes_its_pfs_and_an_unknown_pf_is_refused(cluster: Cluster) -> None:
+    """The agent (under the packaged RBAC) publishes the PFs its node's sysfs shows on its Node;
+    a TenantNetwork naming a PF that no node publishes is refused: UnknownPF, no NAD."""
+    from tenantnet.kube.watch import discover_pfs
+    from tenantnet.plugin import nodeconfig
+
+    lab = cluster.lab.lab
+    want = json.dumps(discover_pfs(nodeconfig.load(lab.node_config).sysfs_root), separators=(",", ":"))
+
+    def published() -> Any:
+        return ((cluster.get("node", lab.node_name) or {}).get("metadata", {}).get("annotations") or {}).get(
+            "tenantnet.io/pfs")
+    assert poll(lambda: published() == want, 60, 0.2), \
+        f"{published()!r} != {want!r}\n{(Path(lab.root) / 'agent.out').read_text()[-2000:]}"
+    sriov = {"apiVersion": "tenantnet.io/v1alpha1", "kind": "TenantNetwork", "metadata": {"name": "rail-9"},
+             "spec": {"tenants": ["team-b"], "fabric": {"mode": "sriov", "pfs": ["tnx9f9"],
+                                                      "resourceName": "example.com/rail9"},
+                      "vlan": 900, "ipam": {"ranges": [[{"subnet": "10.69.0.0/24"}]]}}}
+    kube.apply(lab, json.dumps(sriov))
+    try:
+        assert poll(lambda: (cluster.status("rail-9").get("conditions") or [{}])[0].get("reason") == "UnknownPF",
+                    30, 0.1), f"{cluster.status('rail-9')}\n{_renderer_log(cluster)}"
+        s = cluster.status("rail-9")
+        assert s["conditions"][0]["status"] == "False" and s["renderedNamespaces"] == []
+        assert f"PF tnx9f9 is on none of the nodes its fabric selects: {lab.node_name}" in s["lastError"], s
+        assert not any(name == "rail-9" for _, name in cluster.nads())
+    finally:
+        cluster.kubectl("delete", "tenantnetwork", "rail-9")
+
+
 def test_the_node_enforces_the_tenant_network(cluster: Cluster) -> None:
     state = Path(cluster.lab.lab.ovs_root) / "state"
     assert poll(lambda: kubecache.read_sync(str(state)) is not None, 60, 0.2), \
@@ -232,6 +264,80 @@ def test_the_node_enforces_the_tenant_network(cluster: Cluster) -> None:
     finally:
         cluster.kubectl("delete", "pod", "-n", "team-a", "a1", "--wait=true", "--timeout=120s", timeout=150)
         cluster.kubectl("delete", "pod", "-n", "team-b", "b1", "--wait=true", "--timeout=120s", timeout=150)
+
+
+def _pod(namespace: str, name: str, network: str) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace,
+                         "annotations": {"k8s.v1.cni.cncf.io/networks": network}},
+            "spec": {"terminationGracePeriodSeconds": 1, "containers": [{
+                "name": "main", "image": kubeimages.BUSYBOX_IMAGE, "imagePullPolicy": "Never",
+                "command": ["sleep", "3600"]}]}}
+
+
+def test_an_agent_restart_changes_nothing_for_running_pods(cluster: Cluster) -> None:
+    """Two pods on rail-1; the agent stopped (SIGTERM, by pid) and started again: the pods keep
+    net1 and reach each other, their records and OVS ports are the same (same port rows), and a
+    new pod's ADD is served by the new agent."""
+    from tenantnet.lab import node as labnode
+
+    lab = cluster.lab.lab
+    env = {**os.environ, "TENANTNET_CONFIG": lab.node_config}
+
+    def records() -> dict[str, dict[str, Any]]:
+        out = subprocess.run([CTL, "ls", "--json"], capture_output=True, text=True, check=True, env=env,
+                             timeout=60).stdout
+        return {r["pod"]: r for r in json.loads(out) if r.get("pod", "").startswith("team-a/r")}
+
+    def ports() -> str:
+        return labnode.vsctl(lab.ovs_root, "--bare", "--columns=_uuid,name,tag", "find", "Port",
+                             "external_ids:tenantnet-owner=tenantnet")
+
+    def agent() -> dict[str, Any]:
+        proc = subprocess.run([CTL, "agent", "status", "--json"], capture_output=True, text=True, timeout=60,
+                              env=env, check=False)
+        return dict(json.loads(proc.stdout)) if proc.returncode == 0 else {}
+
+    def ip(pod: str) -> str:
+        return records()[f"team-a/{pod}"]["ips"][0].split("/")[0]
+
+    def reaches(src: str, dst: str) -> bool:
+        try:
+            cluster.kubectl("exec", "-n", "team-a", src, "--", "ping", "-c", "2", "-W", "2", ip(dst), timeout=60)
+        except kube.KubeError:
+            return False
+        return True
+
+    kube.apply(lab, json.dumps({"apiVersion": "v1", "kind": "List",
+                                "items": [_pod("team-a", n, "rail-1") for n in ("r1", "r2")]}))
+    try:
+        for n in ("r1", "r2"):
+            cluster.kubectl("wait", "--for=condition=Ready", f"pod/{n}", "-n", "team-a", "--timeout=180s",
+                            timeout=200)
+        assert reaches("r1", "r2")
+        before, ports_before = records(), ports()
+        assert sorted(before) == ["team-a/r1", "team-a/r2"] and all(r["vlan"] == 100 for r in before.values())
+        old = cluster.procs[0]
+        old.send_signal(signal.SIGTERM)
+        old.wait(timeout=30)
+        cluster.procs[0] = cluster.start("--node-config", lab.node_config, "agent", "run", log="agent-2.out")
+        assert poll(lambda: (agent().get("kubernetes") or {}).get("synced"), 60, 0.2), \
+            (Path(lab.root) / "agent-2.out").read_text()[-2000:]
+        assert agent()["pid"] == cluster.procs[0].pid
+        served = agent()["served"]
+        assert records() == before and ports() == ports_before
+        for n in ("r1", "r2"):
+            seen = cluster.kubectl("exec", "-n", "team-a", n, "--", "ip", "-o", "-4", "addr", "show", "net1")
+            assert ip(n) in seen, seen
+        assert reaches("r1", "r2") and reaches("r2", "r1")
+        kube.apply(lab, json.dumps(_pod("team-a", "r3", "rail-1")))
+        cluster.kubectl("wait", "--for=condition=Ready", "pod/r3", "-n", "team-a", "--timeout=180s", timeout=200)
+        assert agent()["served"] >= served + 1, agent()
+        assert records()["team-a/r3"]["vlan"] == 100 and reaches("r3", "r1")
+        assert {k: v for k, v in records().items() if k != "team-a/r3"} == before
+    finally:
+        cluster.kubectl("delete", "pod", "-n", "team-a", "r1", "r2", "r3", "--ignore-not-found", "--wait=true",
+                        "--timeout=120s", timeout=150)
 
 
 def test_a_network_for_100_namespaces(cluster: Cluster) -> None:

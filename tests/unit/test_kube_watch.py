@@ -42,6 +42,10 @@ class ScriptedApi(Source):
         self.events = {k: [] for k in self.objects}
         self.cond = threading.Condition()
         self.lists = 0
+        self.annotations = []
+
+    def annotate_node(self, name, key, value):
+        self.annotations.append((name, key, value))
 
     def list(self, kind):
         if self.down:
@@ -64,8 +68,9 @@ class ScriptedApi(Source):
             self.cond.notify_all()
 
 
-def start(tmp_path, api, sleeps=None):
-    node = replace(NodeConfig(), kubernetes=True, state_dir=str(tmp_path), node_name="n1")
+def start(tmp_path, api, sleeps=None, sysfs_root=None):
+    node = replace(NodeConfig(), kubernetes=True, state_dir=str(tmp_path), node_name="n1",
+                   sysfs_root=str(sysfs_root or tmp_path / "no-sysfs"))
     asked = sleeps if sleeps is not None else []
 
     def sleep(seconds):  # the backoff asked for is recorded; the test waits 10 ms instead
@@ -122,5 +127,32 @@ def test_an_outage_keeps_the_last_synced_state_and_backs_off(tmp_path):
             api.cond.notify_all()
         assert poll(lambda: kubecache.read_object(str(tmp_path), "tenantnetworks", "rail-1") is None, 60), \
             "the relist after the outage"
+    finally:
+        w.stop()
+
+
+def test_the_node_s_pfs_are_published_on_its_node(tmp_path):
+    from tenantnet.kube.watch import discover_pfs
+    from tenantnet.lab import nicsysfs
+
+    root = tmp_path / "sys"
+    nicsysfs.write_tree(root, [nicsysfs.connectx_pf("ens1f0", vfs=2), nicsysfs.e810_pf("ens2f0", vfs=1)])
+    # the PFs' own netdevs only: their VFs' netdevs are no PFs
+    assert discover_pfs(str(root)) == [{"name": "ens1f0", "pci": "0000:3b:00.0"},
+                                       {"name": "ens2f0", "pci": "0000:5e:00.0"}]
+    assert discover_pfs(str(tmp_path / "nothing")) == []
+    api = ScriptedApi()
+    w = start(tmp_path / "state", api, sysfs_root=root)
+    want = '[{"name":"ens1f0","pci":"0000:3b:00.0"},{"name":"ens2f0","pci":"0000:5e:00.0"}]'
+    try:
+        assert poll(lambda: api.annotations == [("n1", "tenantnet.io/pfs", want)], 30), api.annotations
+        # Its own patch comes back as an event: the annotation is as wanted, no second patch.
+        node = {"metadata": {"name": "n1", "labels": {"rack": "r1"}, "annotations": {"tenantnet.io/pfs": want}}}
+        api.push("node", "MODIFIED", node)
+        assert poll(lambda: w.events >= 1, 30)
+        assert len(api.annotations) == 1 and w.report()["pfs"][0]["name"] == "ens1f0"
+        # Someone else's edit of it is put back.
+        api.push("node", "MODIFIED", {"metadata": {**node["metadata"], "annotations": {"tenantnet.io/pfs": "[]"}}})
+        assert poll(lambda: len(api.annotations) == 2, 30) and api.annotations[1][2] == want
     finally:
         w.stop()

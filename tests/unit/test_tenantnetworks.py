@@ -18,7 +18,15 @@ from tenantnet.plugin.tenantnetworks import (
     parse_tenant_network,
 )
 from tenantnet.plugin.tenants import CAPSULE_LABEL, TENANT_LABEL, TenantResolver, parse_sources
-from tenantnet.plugin.tnrender import auto_vlan, cluster_conflicts, render_config, render_nad, selected
+from tenantnet.plugin.tnrender import (
+    auto_vlan,
+    cluster_conflicts,
+    published_pfs,
+    render_config,
+    render_nad,
+    selected,
+    unknown_pfs,
+)
 
 CRD = Path(__file__).resolve().parents[2] / "packaging" / "crds" / "tenantnetwork.yaml"
 
@@ -237,6 +245,38 @@ def test_controller_side_conflicts():
     assert cluster_conflicts([a, parse_tenant_network(d_obj)], tenants) == {}
 
 
+def test_published_pfs_of_a_node():
+    pfs = '[{"name": "ens1f0", "pci": "0000:3b:00.0"}, {"name": "ens2f0", "pci": "0000:5e:00.0"}, 7]'
+    assert published_pfs({"tenantnet.io/pfs": pfs}) == {"ens1f0", "0000:3b:00.0", "ens2f0", "0000:5e:00.0"}
+    assert published_pfs({"tenantnet.io/pfs": "[]"}) == frozenset()
+    for bad in (None, {}, {"tenantnet.io/pfs": "not json"}, {"tenantnet.io/pfs": '{"a": 1}'},
+                {"tenantnet.io/pfs": "[" + " " * 20000 + "]"}):
+        assert published_pfs(bad) is None, bad
+
+
+def test_a_vf_network_naming_pfs_no_node_publishes_is_refused():
+    tn = parse_tenant_network(tn_obj(fabric={"mode": "sriov", "pfs": ["ens1f0"], "nodes": [
+        {"nodeSelector": {"matchLabels": {"rack": "r2"}}, "pfs": ["0000:5e:00.0"]}]}))
+    r1 = ({"rack": "r1"}, frozenset({"ens1f0", "0000:3b:00.0"}))
+    r2 = ({"rack": "r2"}, frozenset({"ens2f0", "0000:5e:00.0"}))
+    assert unknown_pfs(tn, {"n1": r1, "n2": r2}) is None
+    # One node of several publishing the PF is enough; a PF no node would use is not checked.
+    assert unknown_pfs(tn, {"n1": r1, "n3": ({"rack": "r1"}, None)}) is None
+    assert unknown_pfs(tn, {}) is None
+    why = unknown_pfs(tn, {"n1": ({"rack": "r1"}, frozenset({"ens9f0"})), "n2": r2, "n3": ({}, None)})
+    assert why == ("PF ens1f0 is on none of the nodes its fabric selects: n1 (publishes ens9f0), "
+                   "n3 (publishes no PF)"), why
+    # The node-specific entry's PF, by PCI address (any case), against the rack-r2 nodes only.
+    tn2 = parse_tenant_network(tn_obj(fabric={"mode": "sriov", "pfs": ["ens1f0"], "nodes": [
+        {"nodeSelector": {"matchLabels": {"rack": "r2"}}, "pfs": ["0000:5E:00.1"]}]}))
+    assert unknown_pfs(tn2, {"n1": r1, "n2": r2}).startswith("PF 0000:5E:00.1 is on none of the nodes its "
+                                                              "fabric selects: n2 (publishes 0000:5e:00.0, ens2f0)")
+    assert unknown_pfs(parse_tenant_network(tn_obj()), {"n1": ({}, None)}) is None  # ovs: no PFs
+    many = {f"n{i}": ({}, frozenset()) for i in range(8)}
+    assert unknown_pfs(parse_tenant_network(tn_obj(fabric={"mode": "sriov", "pfs": ["ens1f0"]})),
+                       many).endswith("n4 (publishes no PF) and 3 more")
+
+
 def test_auto_vlan_is_unique_per_fabric():
     tn = parse_tenant_network(tn_obj(vlan="auto"))
     assert auto_vlan(tn, {"bridge br-rail1": {3000, 3001}}, 3000, 3009) == 3002
@@ -278,12 +318,15 @@ def test_crd_is_structural_and_bounded_as_the_parser():
 
 
 def test_packaged_rbac_is_least_privilege():
-    """The agent only reads; the renderer writes NADs, TenantNetworks' status and its Lease,
-    never a TenantNetwork's spec (the e2e tier runs both under these rules for real)."""
+    """The agent reads, and patches Nodes only (its PFs' annotation); the renderer writes NADs,
+    TenantNetworks' status and its Lease, never a TenantNetwork's spec (the e2e tier runs both
+    under these rules for real)."""
     docs = list(yaml.safe_load_all((CRD.parents[1] / "rbac.yaml").read_text()))
     roles = {d["metadata"]["name"]: d["rules"] for d in docs if d["kind"] in ("ClusterRole", "Role")}
     writes = {"create", "update", "patch", "delete", "deletecollection", "*"}
-    assert all(not set(r["verbs"]) & writes for r in roles["tenantnet-agent"])
+    agent_writes = [(r["apiGroups"], r["resources"], set(r["verbs"]) & writes) for r in roles["tenantnet-agent"]
+                    if set(r["verbs"]) & writes]
+    assert agent_writes == [([""], ["nodes"], {"patch"})]
     granted = {(g, res): set(r["verbs"]) for r in roles["tenantnet-renderer"] for g in r["apiGroups"]
                for res in r["resources"]}
     assert not granted[("tenantnet.io", "tenantnetworks")] & writes
