@@ -708,11 +708,15 @@ class Doctor:
             return [skipped(n, f"{exc} ({api.source})") for n in names]
         agent = self._service_account("agent", self.opts.agent_service_account)
         renderer = self._service_account("renderer", self.opts.renderer_service_account)
+        # What packaging/rbac.yaml grants each for its work: the agent's watcher reads the
+        # networks and namespaces and publishes its node's PFs on its Node; the renderer
+        # writes NADs and reads the Nodes' PFs.
         checks.append(self._rbac(api, "RBAC agent", agent, [
             ("list", "tenantnet.io", "tenantnetworks"), ("watch", "tenantnet.io", "tenantnetworks"),
-            ("list", "", "namespaces"), ("watch", "", "namespaces")]))
+            ("list", "", "namespaces"), ("watch", "", "namespaces"), ("patch", "", "nodes")]))
         checks.append(self._rbac(api, "RBAC renderer", renderer, [
-            ("create", "k8s.cni.cncf.io", "network-attachment-definitions")]))
+            ("create", "k8s.cni.cncf.io", "network-attachment-definitions"), ("list", "", "nodes"),
+            ("watch", "", "nodes")]))
         return checks
 
     @staticmethod

@@ -251,6 +251,7 @@ class FakeApi:
 AGENT_SA = "system:serviceaccount:kube-system:tenantnet"
 RENDERER_SA = "system:serviceaccount:kube-system:tenantnet-renderer"  # packaging/rbac.yaml's
 ALL_ALLOWED = {(AGENT_SA, v, r) for v in ("list", "watch") for r in ("tenantnetworks.tenantnet.io", "namespaces")} \
+    | {(AGENT_SA, "patch", "nodes")} | {(RENDERER_SA, v, "nodes") for v in ("list", "watch")} \
     | {(RENDERER_SA, "create", "network-attachment-definitions.k8s.cni.cncf.io")}
 
 
@@ -727,6 +728,15 @@ def test_rbac_denied_fails_with_the_grant(node: Node) -> None:
     node.api.allowed.discard((AGENT_SA, "watch", "namespaces"))
     c = fails(node.run(), "RBAC agent", "kubectl create clusterrole", "--serviceaccount=kube-system:tenantnet")
     assert "may not watch namespaces" in c.detail and "--verb=watch" in c.fix
+
+
+@pytest.mark.parametrize(("sa", "check", "verb"), [(AGENT_SA, "RBAC agent", "patch"),
+                                                  (RENDERER_SA, "RBAC renderer", "watch")])
+def test_rbac_covers_the_nodes_pfs(node: Node, sa: str, check: str, verb: str) -> None:
+    # The agent publishes its node's PFs on its Node; the renderer reads them (UnknownPF).
+    node.api.allowed.discard((sa, verb, "nodes"))
+    c = fails(node.run(), check, "kubectl create clusterrole", f"--verb={verb}")
+    assert f"may not {verb} nodes" in c.detail and "--resource=nodes" in c.fix
 
 
 def test_rbac_of_another_service_account(node: Node) -> None:
