@@ -12,6 +12,7 @@ import argparse
 import json
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -37,14 +38,19 @@ def register(subparsers: Any, node_config_path: Callable[[argparse.Namespace], s
 
 
 class StderrLog:
-    """One JSON line per event on stderr: what `kubectl logs` of the renderer shows."""
+    """One JSON line per event on stderr: what `kubectl logs` of the renderer shows. The
+    renderer writes NADs from several threads: each line goes out whole, in one write under
+    a lock (print() writes the text and its newline separately, and two threads' events
+    ended up on one line)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
 
     def _line(self, level: str, event: str, **kw: Any) -> None:
-        print(
-            json.dumps({"time": round(time.time(), 3), "level": level, "event": event, **kw}, default=str),
-            file=sys.stderr,
-            flush=True,
-        )
+        line = json.dumps({"time": round(time.time(), 3), "level": level, "event": event, **kw}, default=str)
+        with self._lock:
+            sys.stderr.write(line + "\n")
+            sys.stderr.flush()
 
     def info(self, event: str, **kw: Any) -> None:
         self._line("info", event, **kw)
