@@ -82,7 +82,12 @@ class AgentUnavailable(Exception):
 
 class AgentUntrusted(AgentUnavailable):
     """The socket is served by a process whose uid is neither root nor ours: not our agent
-    (a socket path misconfigured into a shared directory, a squatter). Nothing was sent."""
+    (a socket path misconfigured into a shared directory, a squatter). Nothing was sent.
+    `uid`: the serving process's, when it could be read."""
+
+    def __init__(self, msg: str, uid: int | None = None) -> None:
+        super().__init__(msg)
+        self.uid = uid
 
 
 class AgentFailed(Exception):
@@ -181,11 +186,11 @@ def _recv_exact(sock: object, n: int) -> bytes:
 # ---- the client -----------------------------------------------------------------------------
 
 def ask(socket_path: str, plugin: str, environ: dict[bytes, bytes], stdin: bytes,
-        timeout: float) -> tuple[int, bytes, bytes]:
+        timeout: float, trusted: tuple[int, ...] | None = None) -> tuple[int, bytes, bytes]:
     """Send one request; (code, stdout, stderr) of the agent's answer.
 
     Raises AgentUnavailable before anything was sent (AgentUntrusted when the socket is
-    served by a uid neither root nor ours), AgentFailed after.
+    served by a uid not in `trusted`: by default root and ours), AgentFailed after.
     """
     deadline = time.monotonic() + timeout
     sock = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
@@ -200,7 +205,7 @@ def ask(socket_path: str, plugin: str, environ: dict[bytes, bytes], stdin: bytes
             if exc.errno in _NO_AGENT:
                 raise AgentUnavailable(f"no tenantnet agent at {socket_path}: {exc.strerror}") from None
             raise AgentFailed(f"cannot reach the tenantnet agent at {socket_path}: {exc.strerror}") from None
-        _check_peer(sock, socket_path)
+        _check_peer(sock, socket_path, trusted)
         try:
             sock.sendall(frame(encode_request(plugin, environ, stdin, deadline)))
             sock.settimeout(max(deadline - time.monotonic(), 0.001))
@@ -215,10 +220,11 @@ def ask(socket_path: str, plugin: str, environ: dict[bytes, bytes], stdin: bytes
         sock.close()
 
 
-def _check_peer(sock: object, socket_path: str) -> None:
+def _check_peer(sock: object, socket_path: str, trusted: tuple[int, ...] | None = None) -> None:
     """AgentUntrusted unless the process serving the socket (SO_PEERCRED: its uid when it
     called listen) is root or runs as our own uid — the agent's rule for its callers, turned
-    around. The environment and stdin are not sent anywhere else."""
+    around — or, given `trusted`, one of those uids. The environment and stdin are not sent
+    anywhere else."""
     own = posix.geteuid()
     try:
         creds = sock.getsockopt(_socket.SOL_SOCKET, _socket.SO_PEERCRED, 12)  # type: ignore[attr-defined]
@@ -226,9 +232,12 @@ def _check_peer(sock: object, socket_path: str) -> None:
     except (OSError, ValueError) as exc:
         raise AgentUntrusted(f"cannot tell who serves {socket_path} ({exc}): "
                              "nothing was sent to it") from None
-    if uid not in (0, own):
+    if trusted is not None and uid not in trusted:
+        raise AgentUntrusted(f"the socket {socket_path} is served by uid {uid}, not one of "
+                             f"{', '.join(map(str, trusted))}: nothing was sent to it", uid)
+    if trusted is None and uid not in (0, own):
         raise AgentUntrusted(f"the socket {socket_path} is served by uid {uid}, neither root nor uid {own} "
-                             "(not the tenantnet agent): nothing was sent to it")
+                             "(not the tenantnet agent): nothing was sent to it", uid)
 
 
 def error_json(stdin: bytes, code: int, msg: str, details: str = "") -> bytes:

@@ -778,36 +778,18 @@ class Doctor:
 
 
 def agent_status(path: str, timeout: float) -> tuple[int, dict[str, Any]]:
-    """(uid serving `path`, the agent's STATUS report): the agentctl status call (the same
-    request, framing and time-out), with the serving uid read first, so that a socket served
-    by anyone but root is sent nothing (uid, {})."""
+    """(uid serving `path`, the agent's STATUS report): the plugin's own client call
+    (shim.ask: the same request, framing and time-out), trusting root only, so that a socket
+    served by anyone else is sent nothing (uid, {})."""
     from tenantnet.entry import shim
     from tenantnet.entry.agent import STATUS_OP
 
-    deadline = time.monotonic() + timeout
-    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.settimeout(timeout)
-        try:
-            sock.connect(path)
-        except TimeoutError:
-            raise shim.AgentFailed(f"the agent at {path} did not accept within {timeout:g}s") from None
-        except OSError as exc:
-            raise shim.AgentUnavailable(f"no agent answers at {path}: {exc.strerror or exc}") from None
-        creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
-        uid = int.from_bytes(creds[4:8], sys.byteorder)  # struct ucred {pid, uid, gid}
-        if uid != 0:
-            return uid, {}
-        try:
-            sock.sendall(shim.frame(shim.encode_request(STATUS_OP, {}, b"", deadline)))
-            sock.settimeout(max(deadline - time.monotonic(), 0.001))
-            code, out, _ = shim.decode_response(shim.recv_frame(sock))
-        except TimeoutError:
-            raise shim.AgentFailed(f"the agent at {path} did not answer STATUS within {timeout:g}s") from None
-        except (OSError, EOFError, ValueError) as exc:
-            raise shim.AgentFailed(f"the agent at {path} went away before answering ({exc})") from None
-    finally:
-        sock.close()
+        code, out, _ = shim.ask(path, STATUS_OP, {}, b"", timeout, trusted=(0,))
+    except shim.AgentUntrusted as exc:
+        if exc.uid is None:
+            raise
+        return exc.uid, {}
     if code != 0:
         raise shim.AgentFailed(f"the agent at {path} answered STATUS with code {code}: "
                                f"{out.decode(errors='replace')[:200]}")
@@ -815,7 +797,7 @@ def agent_status(path: str, timeout: float) -> tuple[int, dict[str, Any]]:
         report = json.loads(out)
     except ValueError:
         raise shim.AgentFailed(f"the agent at {path} answered STATUS with something not JSON") from None
-    return uid, report if isinstance(report, dict) else {}
+    return 0, report if isinstance(report, dict) else {}
 
 
 # ---- output and the command line -------------------------------------------------------------
