@@ -229,17 +229,23 @@ def attack(agent: Agent, port: int, headers: dict[str, str], name: str,
             f"{refused['headers_too_large']:.0f} | {served}/{tries} |")
 
 
+def metrics_node(work: Path, node_text: str, name: str) -> tuple[Path, int, dict[str, str]]:
+    """A node config of its own for an agent serving /metrics on a free loopback port behind a
+    fresh token: (its path, the port, the headers that present the token)."""
+    port = free_port()
+    token = uuid.uuid4().hex
+    (work / f"{name}-token").write_text(token + "\n")
+    node = work / f"{name}.yaml"
+    node.write_text(node_text + f"agentSocket: {work}/sock-{name}/agent.sock\nmetricsPort: {port}\n"
+                    f"metricsAddress: 127.0.0.1\nmetricsTokenFile: {work / f'{name}-token'}\n")
+    return node, port, {"Authorization": f"Bearer {token}"}
+
+
 def hostile(work: Path, node_text: str) -> list[str]:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
-    port = free_port()
-    token = work / "metrics-token"
-    token.write_text(uuid.uuid4().hex + "\n")
-    node = work / "hostile.yaml"
-    node.write_text(node_text + f"agentSocket: {work}/sock-h/agent.sock\nmetricsPort: {port}\n"
-                    f"metricsAddress: 127.0.0.1\nmetricsTokenFile: {token}\n")
+    node, port, headers = metrics_node(work, node_text, "hostile")
     agent = Agent(node, work / "agent-hostile.err")
-    headers = {"Authorization": f"Bearer {token.read_text().strip()}"}
     try:
         rows = [attack(agent, port, headers, "500 idle connections", idle, 10),
                 attack(agent, port, headers, "200 connections, a byte a second each", slowloris, 15),
@@ -320,12 +326,7 @@ def cni_while_scraping(work: Path, node_text: str, rounds: int = 3, seconds: flo
     token (the most an authorised client can ask); hit back to back without the token (what
     anyone who reaches the port can do). Rounds of `seconds` of calls each, the four
     interleaved."""
-    port = free_port()
-    token = work / "scraped-token"
-    token.write_text(uuid.uuid4().hex + "\n")
-    node = work / "scraped.yaml"
-    node.write_text(node_text + f"agentSocket: {work}/sock-s/agent.sock\nmetricsPort: {port}\n"
-                    f"metricsAddress: 127.0.0.1\nmetricsTokenFile: {token}\n")
+    node, port, authorised = metrics_node(work, node_text, "scraped")
     seed_many_sets(node, 1000, 3)
     pool_line = pool_scrape_cost(node)
     agent = Agent(node, work / "agent-scraped.err", uncapped=True)
@@ -336,7 +337,6 @@ def cni_while_scraping(work: Path, node_text: str, rounds: int = 3, seconds: flo
                        "ipam": {"type": "tenantnet-ipam", "ranges": [[{"subnet": "10.99.0.0/16"}]],
                                 "dataDir": data_dir}}).encode()
     url = f"http://127.0.0.1:{port}/metrics"
-    authorised = {"Authorization": f"Bearer {token.read_text().strip()}"}
     kinds = {"not scraped": None, "a scrape a second": (authorised, 1.0),
              "scraped back to back (with the token)": (authorised, 0.0),
              "requests back to back without the token": ({}, 0.0)}
