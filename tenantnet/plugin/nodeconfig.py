@@ -126,6 +126,14 @@ class NodeConfig:
     kubeconfig: str = ""
     legacy_nads: bool = False
     tenant_sources: tuple[str, ...] = ("label",)
+    # DRA (docs/dra.md): the agent is also the kubelet plugin of driver `tenantnet.io` (its
+    # sockets under the kubelet's root dir), publishes this node's VFs as ResourceSlices,
+    # and moves prepared devices into pods through containerd's NRI socket; CDI specs go to
+    # `cdiDir`. Needs `kubernetes: true` (the claims and the tenants come from the API).
+    dra: bool = False
+    kubelet_root_dir: str = "/var/lib/kubelet"
+    nri_socket: str = "/var/run/nri/nri.sock"
+    cdi_dir: str = "/var/run/cdi"
     source: str = "(defaults)"
 
     @property
@@ -219,6 +227,12 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                                         "are allowed, under the tenancy policy)"),
     "tenantSources": ("tenant_sources", list, "a list of distinct tenant sources, in order, from label, "
                                               "capsule, hnc, name"),
+    "dra": ("dra", bool, "true or false (the agent is the DRA driver tenantnet.io, docs/dra.md; "
+                         "needs kubernetes: true)"),
+    "kubeletRootDir": ("kubelet_root_dir", str, "an absolute path of the kubelet's root dir "
+                                                "(its plugins_registry and plugins folders)"),
+    "nriSocket": ("nri_socket", str, "an absolute path of containerd's NRI socket"),
+    "cdiDir": ("cdi_dir", str, "an absolute path of a directory the runtime reads CDI specs from"),
     "prewarmGrants": ("prewarm_grants", list, 'a list of "ofport_request" and "mac": what a network '
                                               "config may set on a bridge that pre-warms"),
 }
@@ -239,7 +253,8 @@ _PATH_LIST_DEFAULTS = {"ovsConfigurationPaths": DEFAULT_OVS_CONFIGURATION_PATHS,
 
 _PATH_KEYS = ("stateDir", "logFile", "sysfsRoot", "tenancyFile", "agentSocket", "deviceInfoDir",
               "ipamDataDir", "podResourcesSocket", "nvidiaProcRoot",
-              "etcdCaFile", "etcdCertFile", "etcdKeyFile", "vswitchdLog", "metricsTokenFile", "kubeconfig")
+              "etcdCaFile", "etcdCertFile", "etcdKeyFile", "vswitchdLog", "metricsTokenFile", "kubeconfig",
+              "kubeletRootDir", "nriSocket", "cdiDir")
 _ETCD_URL = r"https?://[A-Za-z0-9.\-]+(?::\d{1,5})?|https?://\[[0-9A-Fa-f:.]+\](?::\d{1,5})?"
 _NODE_NAME = r"[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?"
 _BRIDGE = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"  # as a network config's `bridge` (tnconf)
@@ -450,6 +465,9 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
     if "ipam_data_dir" in values and not within(config.ipam_data_dir, config.ipam_data_dirs):
         raise _bad(path, "ipamDataDir", config.ipam_data_dir, _KEYS["ipamDataDir"][2] +
                    f" ({', '.join(config.ipam_data_dirs)})")
+    if config.dra and not config.kubernetes:
+        raise _bad(path, "dra", True, "true only with kubernetes: true (a claim's tenant and network "
+                                      "come from the API)")
     # The shim reads agentSocket without YAML (nodepath): one reading for both, or none.
     seen, _ = nodepath.agent_socket_of(path)
     if values.get("agent_socket", DEFAULT_AGENT_SOCKET) != seen:
