@@ -13,24 +13,27 @@ nicsysfs it writes only below the root, with relative symlinks, and needs no pri
             class, vendor, device, numa_node                "0x060400", "0x10de", …, "-1" unknown
     bus/pci/devices/<addr> -> ../../../devices/…/<addr>     every function, bridges included
 
-`hgx_8x8` is the shape of a typical 8-GPU HGX-class server, simplified:
+`hgx_8x8` is the shape of a DGX H100-class server (on Sapphire Rapids), simplified:
 
     socket 0 (NUMA 0)                                socket 1 (NUMA 1)
     ├─ host bridge pci0000:10                        ├─ host bridge pci0000:90
-    │  ├─ root port ─ switch ─┬─ GPU 0               │  ├─ root port ─ switch ─┬─ GPU 4
-    │  │                      └─ NIC 0               │  │                      └─ NIC 4
+    │  └─ root port ─ switch ─┬─ GPU 0               │  └─ root port ─ switch ─┬─ GPU 4
+    │                         └─ NIC 0               │                         └─ NIC 4
+    ├─ host bridge pci0000:20                        ├─ host bridge pci0000:a0
     │  └─ root port ─ switch ─┬─ GPU 1               │  └─ …  GPU 5 / NIC 5
-    │                         └─ NIC 1               └─ host bridge pci0000:b0
-    └─ host bridge pci0000:30                           └─ …  GPUs 6, 7 / NICs 6, 7
-       └─ …  GPUs 2, 3 / NICs 2, 3
+    │                         └─ NIC 1               ├─ host bridge pci0000:b0  …  GPU 6 / NIC 6
+    ├─ host bridge pci0000:30  …  GPU 2 / NIC 2      └─ host bridge pci0000:c0  …  GPU 7 / NIC 7
+    └─ host bridge pci0000:40  …  GPU 3 / NIC 3
 
-Two sockets, two host bridges per socket (two x16 stacks of the CPU's PCIe root complex used
-for GPUs), two root ports per host bridge, and on each root port one PCIe switch holding one
-GPU and one ConnectX NIC, the pairing NCCL wants. So GPU i and NIC i are PIX, GPU i and the
-NIC on the other root port of its host bridge PHB, the NICs of the socket's other host bridge
-NODE, the other socket's SYS (no PXB: the tests build deeper trees for it). Real servers
-differ — one switch per host bridge, two GPUs and NICs per switch, two-level switches — and
-`SimPcieTree` builds any of those.
+Two sockets, four host bridges per socket — each an x16 stack of the CPU's PCIe root complex,
+which Linux shows as a root complex of its own (`pci0000:BB`) — one root port per host
+bridge, and on it one PCIe switch holding one GPU and one ConnectX NIC, the pairing NCCL
+wants. So GPU i and NIC i are PIX and share their PCIe root (`resource.kubernetes.io/
+pcieRoot`, the host bridge), which no other pair shares: a DRA `matchAttribute` on it pairs
+exactly GPU i with NIC i. GPU i and the other NICs of its socket are NODE, the other
+socket's SYS (no PXB or PHB here: the tests build other trees for those). Real servers
+differ — several root ports per host bridge, two GPUs and NICs per switch, two-level
+switches — and `SimPcieTree` builds any of those.
 """
 
 from __future__ import annotations
@@ -167,30 +170,26 @@ class SimPcieTree:
 
 def hgx_8x8(vfs: int = 4, netdev_prefix: str = "lr", rdma: bool = True) -> SimPcieTree:
     """The simulated 8-GPU / 8-NIC server of the module docstring: GPU i and NIC i (a ConnectX
-    PF with `vfs` VFs, netdev `<prefix><i>`, VFs `<prefix><i>v<j>`) share PCIe switch i.
+    PF with `vfs` VFs, netdev `<prefix><i>`, VFs `<prefix><i>v<j>`) share PCIe switch i, the
+    only one below host bridge i.
 
-    Buses: host bridges 0x10, 0x30 (NUMA 0) and 0x90, 0xb0 (NUMA 1); below host bridge B, root
-    port k (B:01.0, B:03.0) leads to the switch on bus B+1+4k, its downstream ports on B+2+4k,
-    the GPU on B+3+4k and the NIC on B+4+4k. RDMA devices are numbered as mlx5 would on such
-    a machine: the PFs take mlx5_0 … mlx5_7, NIC i's VF j is mlx5_<8 + i·vfs + j>.
+    Buses: GPU i's host bridge is B = 0x10, 0x20, 0x30, 0x40 (NUMA 0), 0x90, 0xa0, 0xb0, 0xc0
+    (NUMA 1); its root port B:01.0 leads to the switch on bus B+1, its downstream ports on B+2,
+    the GPU on B+3 and the NIC on B+4. RDMA devices are numbered as mlx5 would on such a
+    machine: the PFs take mlx5_0 … mlx5_7, NIC i's VF j is mlx5_<8 + i·vfs + j>.
     """
     tree = SimPcieTree()
-    index = 0
-    for socket, buses in ((0, (0x10, 0x30)), (1, (0x90, 0xB0))):
-        for bus in buses:
-            hb = tree.host_bridge(f"0000:{bus:02x}", numa_node=socket)
-            for k in range(2):
-                base = bus + 1 + 4 * k
-                rp = tree.root_port(hb, f"0000:{bus:02x}:{1 + 2 * k:02x}.0")
-                to_gpu, to_nic = tree.switch(rp, f"0000:{base:02x}:00.0",
-                                             [f"0000:{base + 1:02x}:00.0", f"0000:{base + 1:02x}:01.0"])
-                tree.gpu(to_gpu, f"0000:{base + 2:02x}:00.0")
-                pf = connectx_pf(f"{netdev_prefix}{index}", vfs=vfs, bus=f"{base + 3:02x}", rdma=rdma)
-                for j, vf in enumerate(pf.vfs):
-                    if vf.rdma_device is not None:
-                        vf.rdma_device = f"mlx5_{8 + index * vfs + j}"
-                tree.nic(to_nic, pf)
-                index += 1
+    for index, bus in enumerate((0x10, 0x20, 0x30, 0x40, 0x90, 0xA0, 0xB0, 0xC0)):
+        hb = tree.host_bridge(f"0000:{bus:02x}", numa_node=0 if bus < 0x80 else 1)
+        rp = tree.root_port(hb, f"0000:{bus:02x}:01.0")
+        to_gpu, to_nic = tree.switch(rp, f"0000:{bus + 1:02x}:00.0",
+                                     [f"0000:{bus + 2:02x}:00.0", f"0000:{bus + 2:02x}:01.0"])
+        tree.gpu(to_gpu, f"0000:{bus + 3:02x}:00.0")
+        pf = connectx_pf(f"{netdev_prefix}{index}", vfs=vfs, bus=f"{bus + 4:02x}", rdma=rdma)
+        for j, vf in enumerate(pf.vfs):
+            if vf.rdma_device is not None:
+                vf.rdma_device = f"mlx5_{8 + index * vfs + j}"
+        tree.nic(to_nic, pf)
     return tree
 
 

@@ -85,16 +85,18 @@ def test_vf_sits_where_its_pf_sits(hgx):
 def test_hgx_discovery(hgx):
     gpus, nics = hgx.gpus(), hgx.nics()
     assert [g.address for g in gpus] == [
-        "0000:13:00.0", "0000:17:00.0", "0000:33:00.0", "0000:37:00.0",
-        "0000:93:00.0", "0000:97:00.0", "0000:b3:00.0", "0000:b7:00.0"]
+        "0000:13:00.0", "0000:23:00.0", "0000:33:00.0", "0000:43:00.0",
+        "0000:93:00.0", "0000:a3:00.0", "0000:b3:00.0", "0000:c3:00.0"]
     assert [n.address for n in nics] == [
-        "0000:14:00.0", "0000:18:00.0", "0000:34:00.0", "0000:38:00.0",
-        "0000:94:00.0", "0000:98:00.0", "0000:b4:00.0", "0000:b8:00.0"]  # PFs only, no VF
+        "0000:14:00.0", "0000:24:00.0", "0000:34:00.0", "0000:44:00.0",
+        "0000:94:00.0", "0000:a4:00.0", "0000:b4:00.0", "0000:c4:00.0"]  # PFs only, no VF
     assert {(g.kind, g.vendor, g.pci_class) for g in gpus} == {(DeviceKind.GPU, 0x10DE, 0x030200)}
     assert {(n.kind, n.vendor, n.pci_class) for n in nics} == {(DeviceKind.NIC, 0x15B3, 0x020000)}
     assert [g.position.numa_node for g in gpus] == [0, 0, 0, 0, 1, 1, 1, 1]
-    assert [n.position.host_bridge for n in nics] == ["pci0000:10"] * 2 + ["pci0000:30"] * 2 + [
-        "pci0000:90"] * 2 + ["pci0000:b0"] * 2
+    # Each pair its own host bridge (PCIe root), as on a DGX H100: no two pairs share one.
+    assert [n.position.host_bridge for n in nics] == [g.position.host_bridge for g in gpus] == [
+        "pci0000:10", "pci0000:20", "pci0000:30", "pci0000:40",
+        "pci0000:90", "pci0000:a0", "pci0000:b0", "pci0000:c0"]
     # Each GPU shares its switch with exactly one NIC, and every switch hangs off its own root port.
     assert [g.position.switches for g in gpus] == [n.position.switches for n in nics]
     assert len({g.position.root_port for g in gpus}) == 8
@@ -102,7 +104,7 @@ def test_hgx_discovery(hgx):
 
 def test_hgx_nics_are_sysfs_nics_too(hgx):
     s = Sysfs(hgx.root)
-    vfs = s.vfs_of_pf("0000:b8:00.0")
+    vfs = s.vfs_of_pf("0000:c4:00.0")
     assert [(v.netdev, v.numa_node, v.rdma_device) for v in vfs] == [
         ("lr7v0", 1, "mlx5_22"), ("lr7v1", 1, "mlx5_23")]
     assert s.pf_address("lr0") == "0000:14:00.0"

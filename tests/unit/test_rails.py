@@ -168,8 +168,8 @@ def test_hgx_diagonal_is_pix(hgx):
     assert [d[(gpus[i], nics[i])] for i in range(8)] == [PIX] * 8
     names = {PIX: "X", PHB: "H", NODE: "N", SYS: "S"}
     assert ["".join(names[d[(g, n)]] for n in nics) for g in gpus] == [
-        "XHNNSSSS", "HXNNSSSS", "NNXHSSSS", "NNHXSSSS",
-        "SSSSXHNN", "SSSSHXNN", "SSSSNNXH", "SSSSNNHX"]
+        "XNNNSSSS", "NXNNSSSS", "NNXNSSSS", "NNNXSSSS",
+        "SSSSXNNN", "SSSSNXNN", "SSSSNNXN", "SSSSNNNX"]
 
 
 def test_order_within_and_parse():
@@ -212,7 +212,7 @@ def test_pod_with_four_gpus_on_a_busy_node(hgx):
     nics = [n.address for n in hgx.nics()]
     free[nics[0]] = []  # NIC 0 has no free VF left
     got = pair_rails(4, gpus[:4], free, d, limit=PIX)
-    # GPUs 1-3 keep their PIX NICs; GPU 0 goes to the other socket rather than take NIC 1 (PHB)
+    # GPUs 1-3 keep their PIX NICs; GPU 0 goes to the other socket rather than take NIC 1 (NODE)
     # and push GPU 1 off its switch: three pairs within PIX beat a shorter total.
     by_gpu = {p.gpu: (p.nic, p.distance) for p in got.pairings}
     assert [by_gpu[g] for g in gpus[1:4]] == [(nics[1], PIX), (nics[2], PIX), (nics[3], PIX)]
@@ -231,7 +231,7 @@ def test_more_rails_than_gpus_and_shared_nics(hgx):
     pool = frozenset({nics[0]})
     got = pair_rails([Rail("a", pool), Rail("b", pool)], gpus[:2], free, d, distinct_nics=False)
     assert [p.vf for p in got.pairings] == free[nics[0]]
-    assert sorted((p.gpu, p.distance) for p in got.pairings) == [(gpus[0], PIX), (gpus[1], PHB)]
+    assert sorted((p.gpu, p.distance) for p in got.pairings) == [(gpus[0], PIX), (gpus[1], NODE)]
     # Without that, the second rail finds nothing.
     got = pair_rails([Rail("a", pool), Rail("b", pool)], gpus[:2], free, d)
     assert len(got.pairings) == 1 and got.unserved == ("b",)
