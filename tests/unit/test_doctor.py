@@ -154,7 +154,9 @@ class HttpFake(http.server.ThreadingHTTPServer):
 
     def __init__(self, handler: Any) -> None:
         super().__init__(("127.0.0.1", 0), handler)
-        self.thread = threading.Thread(target=self.serve_forever, daemon=True)
+        # shutdown() waits for serve_forever to look at its flag again, which it does every
+        # poll_interval (0.5 s by default): two fakes per test made each teardown take a second.
+        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.02}, daemon=True)
         self.thread.start()
 
     @property
