@@ -23,7 +23,7 @@ from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.netconf import NetConf, parse_netconf, valid_attachments
 from cni.result import Interface, Result
-from tenantnet.plugin import devinfo, faults, ipam_client, modes, results, tnconf
+from tenantnet.plugin import devinfo, draclaims, faults, ipam_client, modes, results, tnconf
 from tenantnet.plugin.drivers import base as drivers
 from tenantnet.plugin.log import get as get_log
 from tenantnet.plugin.nodeconfig import NodeConfig
@@ -74,6 +74,7 @@ class Plugin:
 
     # ---- ADD --------------------------------------------------------------------------
     def add(self, env: CniEnv, conf: NetConf) -> dict[str, Any]:
+        conf = draclaims.bind(conf, env, self.node.state_dir)  # Multus's DRA path names a claim's device
         tconf = tnconf.settle(conf, env, self.node, self.log)
         if tconf.base.raw.get("tenantNetwork") is not None:
             conf = tconf.base  # rendered from the TenantNetwork: its IPAM and record, not the NAD's text
@@ -364,6 +365,7 @@ class Plugin:
             raise CniError(Code.INVALID_CONFIG, "invalid network config: CHECK needs prevResult")
         # The same decision as ADD: resolves "vlan": "tenant", and fails an attachment the
         # current policy would no longer allow.
+        conf = draclaims.bind(conf, env, self.node.state_dir)
         tconf = tnconf.settle(conf, env, self.node, self.log)
         if tconf.base.raw.get("tenantNetwork") is not None:
             # As ADD: the TenantNetwork's config (IPAM's CHECK reads prevResult from it too).

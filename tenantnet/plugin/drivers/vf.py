@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
-from tenantnet.plugin import faults, rails
+from tenantnet.plugin import draclaims, faults, rails
 from tenantnet.plugin.drivers import railfit
 from tenantnet.plugin.drivers.base import Attached, Driver, owner_mark
 from tenantnet.plugin.drivers.railfit import RailFit
@@ -235,9 +235,17 @@ class VfDriver(Driver):
                 ) -> tuple[VirtualFunction, RailFit | None]:
         assert conf.vf is not None
         held = self._holders(records)
+        # A VF a DRA claim holds (docs/dra.md) is that claim's pod's only: the scheduler gave it
+        # to the claim, and a NAD or annotation naming it is nobody's way around that.
+        claimed = draclaims.claimed_vfs(self.node.state_dir)
         if conf.vf.device_id:
             vf = self._vf(conf.vf.device_id, conf.vf.device_id_field)
             self._on_allowed_pf(conf, vf)
+            claim = claimed.get(vf.address)
+            why = draclaims.admits(claim, env.args.pod_namespace, env.args.pod_uid) if claim else None
+            if why is not None:
+                raise CniError(Code.TENANT_DENIED,
+                               f"tenant isolation: {conf.vf.device_id_field}={vf.address!r}: {why}")
             holder = held.get(vf.address)
             if holder is not None and \
                     (holder.container_id, holder.ifname) != (env.container_id, env.ifname):
@@ -262,7 +270,7 @@ class VfDriver(Driver):
                                f"invalid network config: {field}={pf!r}: {exc}") from None
         free = []
         for vf in candidates:
-            if vf.address in held or vf.userspace or not vf.netdev:
+            if vf.address in held or vf.address in claimed or vf.userspace or not vf.netdev:
                 continue
             if netlink.host_link(vf.netdev) is None:
                 continue  # its netdev is in use elsewhere (another pod, another plugin)
