@@ -318,7 +318,8 @@ def test_crd_is_structural_and_bounded_as_the_parser():
 
 
 def test_packaged_rbac_is_least_privilege():
-    """The agent reads, and patches Nodes only (its PFs' annotation); the renderer writes NADs,
+    """The agent reads, and patches Nodes only (its PFs' annotation), besides the DRA driver's
+    ResourceSlices and ResourceClaim status; the renderer writes NADs,
     TenantNetworks' status and its Lease, never a TenantNetwork's spec (the e2e tier runs both
     under these rules for real)."""
     docs = list(yaml.safe_load_all((CRD.parents[1] / "rbac.yaml").read_text()))
@@ -326,7 +327,10 @@ def test_packaged_rbac_is_least_privilege():
     writes = {"create", "update", "patch", "delete", "deletecollection", "*"}
     agent_writes = [(r["apiGroups"], r["resources"], set(r["verbs"]) & writes) for r in roles["tenantnet-agent"]
                     if set(r["verbs"]) & writes]
-    assert agent_writes == [([""], ["nodes"], {"patch"})]
+    assert agent_writes == [([""], ["nodes"], {"patch"}),
+                            # the DRA driver's own slices and its claims' status (docs/dra.md)
+                            (["resource.k8s.io"], ["resourceslices"], {"create", "update", "patch", "delete"}),
+                            (["resource.k8s.io"], ["resourceclaims/status"], {"update", "patch"})]
     granted = {(g, res): set(r["verbs"]) for r in roles["tenantnet-renderer"] for g in r["apiGroups"]
                for res in r["resources"]}
     assert not granted[("tenantnet.io", "tenantnetworks")] & writes
