@@ -3,11 +3,14 @@
 compiled by the server), the publisher's slices of the simulated 8-GPU server are accepted
 through lightkube as the lab's admin, read back equal (a second pass writes nothing: the
 comparison survives the server's round trip), split over 128 devices, and shrunk with the
-generation raised and the extra slices deleted.
+generation raised and the extra slices deleted; and the real kube-scheduler, given a claim for
+two GPUs (another driver's devices with their pcieRoot) and two rails of the packaged rail
+class with one `matchAttribute: resource.kubernetes.io/pcieRoot` per pair, gives each rail a
+VF of the NIC beside its GPU (without the constraints it takes rail-0's: checked once by hand).
 
-The slices here are published under a driver name of this test's own (not `tenantnet.io`), so
-an agent of the lab publishing `tenantnet.io` slices for the same node is not disturbed; they
-and the DeviceClasses are deleted at the end, also on failure. Fails (never skips) without the
+The slices here are published under driver names of this test's own (not `tenantnet.io`), so
+an agent of the lab publishing `tenantnet.io` slices for the same node is not disturbed; they,
+the DeviceClasses, the claim, its pod and namespace are deleted at the end, also on failure. Fails (never skips) without the
 Kubernetes binaries, as tests/e2e/test_kube_lab.py.
 """
 
@@ -19,12 +22,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from tenantnet.kube import slices
-from tenantnet.lab import kube
+from tenantnet.lab import kube, kubeimages
 from tenantnet.lab.pcitree import hgx_8x8
 from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.system.pcitree import PcieTree
 from tests.e2e.test_kube_lab import Lab, klab  # noqa: F401  (the session's lab, tests/e2e/conftest.py)
+from tests.polling import poll
 
 CLASSES = Path(__file__).resolve().parents[2] / "packaging" / "dra" / "deviceclasses.yaml"
 DRIVER = "e2e-slices.tenantnet.io"
@@ -96,3 +102,79 @@ def test_a_large_pool_is_split_then_shrunk(published: Any) -> None:
     (only,) = pool(lab)
     assert only["spec"]["pool"]["generation"] == 2 and len(only["spec"]["devices"]) == 5
     assert pub.sync() is False
+
+
+GPU_DRIVER = "e2e-gpu.tenantnet.io"
+NAMESPACE = "e2e-slices"
+
+
+def our_classes() -> str:
+    """The packaged DeviceClasses for this test's driver name (the same CEL, the driver's
+    domain renamed), and a class for the test's GPUs."""
+    text = CLASSES.read_text().replace('"tenantnet.io"', f'"{DRIVER}"')
+    docs = [d for d in yaml.safe_load_all(text) if d]
+    for d in docs:
+        d["metadata"]["name"] = "e2e-" + d["metadata"]["name"]
+    docs.append({"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": "e2e-gpu"},
+                 "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{GPU_DRIVER}"'}}]}})
+    return yaml.safe_dump_all(docs)
+
+
+def test_the_scheduler_pairs_each_gpu_with_the_vf_on_its_pcie_root(published: Any, tmp_path: Path) -> None:
+    """The real kube-scheduler allocates a claim for two given GPUs (published as another
+    driver's devices with their pcieRoot) and two rails, one `matchAttribute:
+    resource.kubernetes.io/pcieRoot` per GPU/rail pair: each rail gets a VF of the NIC beside
+    its GPU. The pod itself never starts (no kubelet plugin serves these drivers here)."""
+    lab, pub, box = published
+    tree = PcieTree(str(tmp_path))
+    gpus = sorted(g.address for g in tree.gpus())
+    gpu_devices = [{"name": f"gpu-{i}", "attributes": {
+        slices.PCI_BUS_ID: {"string": g}, slices.PCIE_ROOT: {"string": slices.pcie_root(str(tmp_path), g)}}}
+        for i, g in enumerate(gpus)]
+    gpu_pub = slices.SlicePublisher(slices.LightkubeSliceApi(lab.lab.kubeconfig), GPU_DRIVER, lab.lab.node_name,
+                                    lambda: gpu_devices, Log())
+    pairs = {"a": 2, "b": 5}  # request suffix -> GPU index
+    claim = {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "rails", "namespace": NAMESPACE},
+        "spec": {"devices": {
+            "requests": [r for key, i in pairs.items() for r in (
+                {"name": f"gpu-{key}", "exactly": {"deviceClassName": "e2e-gpu", "selectors": [{"cel": {
+                    "expression": f'device.attributes["resource.kubernetes.io"].pciBusID == "{gpus[i]}"'}}]}},
+                {"name": f"rail-{key}", "exactly": {"deviceClassName": "e2e-rail.tenantnet.io"}})],
+            "constraints": [{"requests": [f"gpu-{key}", f"rail-{key}"],
+                             "matchAttribute": slices.PCIE_ROOT} for key in pairs],
+        }},
+    }
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "rails", "namespace": NAMESPACE},
+           "spec": {"resourceClaims": [{"name": "rails", "resourceClaimName": "rails"}],
+                    "terminationGracePeriodSeconds": 0,
+                    "containers": [{"name": "main", "image": kubeimages.PAUSE_IMAGE, "imagePullPolicy": "Never",
+                                    "resources": {"claims": [{"name": "rails"}]}}]}}
+    try:
+        assert pub.sync() and gpu_pub.sync()
+        kube.apply(lab.lab, our_classes())
+        lab.kubectl("create", "namespace", NAMESPACE)
+        kube.apply(lab.lab, json.dumps(claim))
+        kube.apply(lab.lab, json.dumps(pod))
+
+        def allocation() -> Any:
+            got = json.loads(lab.kubectl("get", "resourceclaims.v1.resource.k8s.io", "rails", "-n", NAMESPACE,
+                                         "-o", "json"))
+            return (got.get("status") or {}).get("allocation")
+
+        assert poll(allocation, timeout=60, interval=0.5), lab.kubectl("describe", "pod", "rails", "-n", NAMESPACE)
+        results = {r["request"]: r for r in allocation()["devices"]["results"]}
+        rail_of = {d["name"]: d["attributes"]["rail"]["string"] for d in box[0]}
+        for key, i in pairs.items():
+            assert results[f"gpu-{key}"]["device"] == f"gpu-{i}"
+            assert results[f"rail-{key}"]["driver"] == DRIVER
+            assert rail_of[results[f"rail-{key}"]["device"]] == f"rail-{i}"
+    finally:
+        lab.kubectl("delete", "pod", "rails", "-n", NAMESPACE, "--ignore-not-found", "--grace-period=0", "--force")
+        lab.kubectl("delete", "namespace", NAMESPACE, "--ignore-not-found", "--wait=false")
+        names = [d["metadata"]["name"] for d in yaml.safe_load_all(our_classes())]
+        lab.kubectl("delete", "deviceclasses.v1.resource.k8s.io", *names, "--ignore-not-found")
+        for s in json.loads(lab.kubectl("get", "resourceslices.v1.resource.k8s.io", "-o", "json",
+                                        f"--field-selector=spec.driver={GPU_DRIVER}"))["items"]:
+            lab.kubectl("delete", "resourceslices.v1.resource.k8s.io", s["metadata"]["name"], "--wait=false")
