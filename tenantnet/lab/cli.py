@@ -63,7 +63,9 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             p.add_argument("--gpus", type=int, default=0, metavar="8",
                            help="the simulated 8-GPU / 8-NIC server instead (two sockets, a PCIe switch "
                                 "per GPU and NIC, --vfs VFs per NIC, default 2) and a simulated kubelet "
-                                "answering the pod-resources API, for rail alignment")
+                                "answering the pod-resources API, for rail alignment; with --kubernetes, "
+                                "the lab node is that server (default 4 VFs per NIC) and the simulated GPU "
+                                "DRA driver gpu.lab.tenantnet.io publishes its GPUs")
             p.add_argument("--dpdk-vfs", type=int, default=0, metavar="K",
                            help="bind the last K simulated VFs to vfio-pci (DPDK mode)")
             p.add_argument("--nodes", type=int, default=1, metavar="N",
@@ -122,9 +124,9 @@ def cmd_lab(args: argparse.Namespace) -> int:
         print("tenantnetctl lab up: --gpus must be 8 (the simulated server has 8 GPUs and 8 NICs)",
               file=sys.stderr)
         return 2
-    if args.lab_command == "up" and args.kubernetes and (args.vfs or args.gpus or args.nodes != 1):
-        print("tenantnetctl lab up: --kubernetes is one node over the lab OVS: no --vfs, --gpus or --nodes "
-              "with it", file=sys.stderr)
+    if args.lab_command == "up" and args.kubernetes and ((args.vfs and not args.gpus) or args.nodes != 1):
+        print("tenantnetctl lab up: --kubernetes is one node over the lab OVS: no --nodes, and --vfs "
+              "only with --gpus 8 (the simulated server's VFs per NIC)", file=sys.stderr)
         return 2
     if args.lab_command == "up" and not 1 <= args.nodes <= 8:
         print("tenantnetctl lab up: --nodes must be 1-8", file=sys.stderr)
@@ -200,7 +202,10 @@ def _cmd_kube(args: argparse.Namespace) -> int:
         removed = kube.down(args.dir)
         print(f"Kubernetes lab is down; removed: {', '.join(removed) or 'nothing'}")
         return 0
-    info = kube.up(args.dir) if args.lab_command == "up" else kube.status(args.dir)
+    if args.lab_command == "up":
+        info = kube.up(args.dir, gpus=args.gpus, vfs=args.vfs or 4) if args.gpus else kube.up(args.dir)
+    else:
+        info = kube.status(args.dir)
     if getattr(args, "json", False):
         print(json.dumps(kube.as_dict(info), indent=2))
     elif info.running:
@@ -208,6 +213,9 @@ def _cmd_kube(args: argparse.Namespace) -> int:
               f"pids {', '.join(f'{k} {v}' for k, v in info.pids.items())}")
         print(f"  export KUBECONFIG={info.kubeconfig}")
         print(f"  kubectl: {info.kubectl}; tenantnet node config: {info.node_config}")
+        for g in info.gpus:
+            print(f"  simulated GPU {g['name']}: {g['pci']} {g['uuid']}, pcieRoot {g['pcieRoot']}, "
+                  f"NUMA {g['numaNode']} (DRA driver gpu.lab.tenantnet.io, pid {info.pids.get('gpu-dra')})")
     else:
         print(f"Kubernetes lab {info.root}: not running")
     return 0 if info.running else 3

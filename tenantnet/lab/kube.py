@@ -16,6 +16,13 @@
   (`packaging/crds/`) applied. containerd's environment carries `TENANTNET_CONFIG`, so the
   tenantnet that Multus executes uses the lab's node config.
 
+With `--gpus 8` (`up(root, gpus=8, vfs=N)`), the lab node is also the simulated 8-GPU server
+(`tenantnet.lab.gpuserver.build` in `DIR/ovs`: fake sysfs, N VFs per NIC as veths; not its
+simulated kubelet — the real one serves pod-resources), the node config names it and the
+DRA settings (`dra: true`, so `kubernetes: true` too), and after the kubelet is Ready the
+lab applies the DeviceClass of, and starts, the simulated GPU DRA driver
+(`tenantnet.lab.gpudra`, daemon `gpu-dra`), which publishes the GPUs in a ResourceSlice.
+
 The node's address is on a veth pair of the lab's own, from a /30 in 172.30.255.0/24 that
 stays on this machine (nothing is routed out): the kubelet refuses a loopback node IP, and
 without an InternalIP the API server cannot reach the kubelet for `kubectl exec/logs`. What a
@@ -139,6 +146,7 @@ class KubeLab:
     versions: dict[str, str] = field(default_factory=dict)
     pids: dict[str, int] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)
+    gpus: list[dict[str, Any]] = field(default_factory=list)  # --gpus 8: the simulated GPUs as published
 
 
 def as_dict(lab: KubeLab) -> dict[str, Any]:
@@ -263,12 +271,16 @@ def status(root: str) -> KubeLab:
         images={"pause": kubeimages.PAUSE_IMAGE, "busybox": kubeimages.BUSYBOX_IMAGE},
         links=[net.link, net.peer, net.bridge], cgroup=f"/{net.cgroup}",
         versions=meta.get("versions", {}), pids={d.name: d.pid for d in daemons},
-        timings=meta.get("timings", {}))
+        timings=meta.get("timings", {}), gpus=meta.get("gpuDevices", []))
 
 
-def up(root: str) -> KubeLab:
+def up(root: str, *, gpus: int = 0, vfs: int = 0) -> KubeLab:
     """Start the Kubernetes lab in `root` (see the module doc); a running one is returned as is,
-    a half-made or crashed one removed first."""
+    a half-made or crashed one removed first. `gpus` = 8: on the simulated 8-GPU server, `vfs`
+    VFs per NIC (module doc)."""
+    if gpus not in (0, 8) or (gpus and not 1 <= vfs <= 16):
+        raise KubeError(f"gpus={gpus}, vfs={vfs}: the simulated server has 8 GPUs (gpus=8) and 1-16 VFs "
+                        "per NIC")
     current = status(root)
     if current.running:
         return current
@@ -302,6 +314,10 @@ def up(root: str) -> KubeLab:
     with _machine_lock():  # two labs coming up at once must not take the same address slot
         net = _choose_net(root)
         _create(p, others, net, kubectl_bin)
+    if gpus:
+        meta = _load(p)
+        meta["gpuServer"] = {"gpus": gpus, "vfs": vfs}
+        _save(p, meta)
     try:
         _bring_up(p, _load(p), bins, kubectl_bin, venv_bin)
     except BaseException:
@@ -402,6 +418,8 @@ def _bring_up(p: LabPaths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kub
     net = _net_of(meta, str(p.root))
     node_ip = net.node_ip
     ovs = ovslab.up(str(p.ovs))
+    if meta.get("gpuServer"):
+        _build_gpu_server(p, meta, ovs.bridge)
 
     pki = Pki(p.pki)
     pki.create_ca()
@@ -520,6 +538,51 @@ def _bring_up(p: LabPaths, meta: dict[str, Any], bins: kubebin.KubeBinaries, kub
     _wait("the default ServiceAccount", lambda: bool(kubectl(lab_view, "get", "serviceaccount", "default",
                                                              "-o", "name", timeout=20)),
           p.logs / "kube-controller-manager.log", alive=_alive(meta, "kube-controller-manager"))
+    if meta.get("gpuServer"):
+        _start_gpu_driver(p, meta, lab_view)
+        meta["timings"]["gpuDriverReady"] = round(time.monotonic() - t0, 1)
+        _save(p, meta)
+
+
+def _build_gpu_server(p: LabPaths, meta: dict[str, Any], bridge: str) -> None:
+    """The simulated 8-GPU server in the lab node (`DIR/ovs`), without its simulated kubelet,
+    and the node config naming it and the DRA settings (dra needs kubernetes: true)."""
+    import hashlib
+
+    from tenantnet.lab import gpudra, gpuserver
+    from tenantnet.lab.ovs import vsctl
+
+    root, vfs = str(p.ovs), int(meta["gpuServer"]["vfs"])
+    prefix = "t" + hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:5] + "g"  # as node.py names
+    gpuserver.build(root, vfs, prefix, lambda *a: vsctl(root, *a), bridge)
+    meta["gpuDevices"] = [{"name": g.name, "pci": g.pci_address, "uuid": g.uuid, "pcieRoot": g.pcie_root,
+                           "numaNode": g.numa_node, "simulated": True}
+                          for g in gpudra.discover(f"{root}/sys", f"{root}/proc")]
+    _save(p, meta)
+    Path(ovs_paths(root)["node_config"]).write_text(ovslab.node_config_text(root, vfs=vfs, bridge=bridge) + (
+        "# the simulated 8-GPU server (tenantnet/lab/gpuserver.py) on the Kubernetes lab: the real\n"
+        "# kubelet serves pod-resources; DRA (docs/dra.md) with this lab's kubelet and containerd\n"
+        f"nvidiaProcRoot: {root}/proc\n"
+        f"podResourcesSocket: {p.kubelet}/pod-resources/kubelet.sock\n"
+        f"kubernetes: true\nkubeconfig: {p.admin_kubeconfig}\n"
+        f"dra: true\nkubeletRootDir: {p.kubelet}\n"
+        f"nriSocket: {p.containerd}/nri/nri.sock\ncdiDir: {p.containerd}/cdi\n"))
+
+
+def _start_gpu_driver(p: LabPaths, meta: dict[str, Any], lab: KubeLab) -> None:
+    """The simulated GPU DRA driver's DeviceClass and process; ready when its slice holds the GPUs."""
+    from tenantnet.lab import gpudra
+
+    apply(lab, gpudra.DEVICE_CLASS)
+    log = _start(p, meta, "gpu-dra", [sys.executable, "-m", "tenantnet.lab.gpudra", "--lab", str(p.root),
+                                      "--node-name", NODE_NAME])
+
+    def published() -> bool:
+        got = json.loads(kubectl(lab, "get", "resourceslices", "-o", "json",
+                                 f"--field-selector=spec.driver={gpudra.DRIVER},spec.nodeName={NODE_NAME}",
+                                 timeout=20))
+        return sum(len(s["spec"].get("devices") or []) for s in got["items"]) == len(meta["gpuDevices"])
+    _wait(f"the ResourceSlice of {gpudra.DRIVER}", published, log, alive=_alive(meta, "gpu-dra"))
 
 
 def down(root: str) -> list[str]:
@@ -549,7 +612,7 @@ def down(root: str) -> list[str]:
                 time.sleep(0.3)
             else:
                 removed.append("pods (deleted through the API)")
-    for name in ("kubelet", "kube-scheduler", "kube-controller-manager"):
+    for name in ("gpu-dra", "kubelet", "kube-scheduler", "kube-controller-manager"):
         if name in daemons and kubehost.stop(daemons[name]):
             removed.append(name)
     removed += _remove_containers(p, daemons.get("containerd"))
