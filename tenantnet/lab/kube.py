@@ -282,6 +282,9 @@ def up(root: str, *, gpus: int = 0, vfs: int = 0) -> KubeLab:
         raise KubeError(f"gpus={gpus}, vfs={vfs}: the simulated server has 8 GPUs (gpus=8) and 1-16 VFs "
                         "per NIC")
     current = status(root)
+    if current.running and gpus and not current.gpus:
+        raise KubeError(f"a Kubernetes lab without GPUs runs in {root}: take it down first "
+                        f"(lab down --dir {root})")
     if current.running:
         return current
     bins = kubebin.locate()

@@ -191,3 +191,15 @@ def test_help_says_it_is_a_simulation(capsys: Any) -> None:
         gpudra.parse_args(["--help"])
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps the text
     assert "simulated GPU DRA driver (gpu.lab.tenantnet.io; a simulation" in out and "--lab DIR" in out
+
+
+def test_lab_up_refuses_what_the_kubernetes_lab_cannot_be(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    ctl = str(Path(sys.executable).parent / "tenantnetctl")
+    for extra, said in ((["--vfs", "2"], "--vfs only with --gpus 8"), (["--gpus", "4"], "--gpus must be 8")):
+        got = subprocess.run([ctl, "lab", "up", "--kubernetes", *extra, "--dir", str(tmp_path / "lab")],
+                             capture_output=True, text=True, check=False)
+        assert got.returncode == 2 and said in got.stderr, got.stderr
+    assert not (tmp_path / "lab").exists()
