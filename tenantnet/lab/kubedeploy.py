@@ -103,6 +103,17 @@ def _dependencies() -> dict[str, importlib.metadata.Distribution]:
     return found
 
 
+def _stale_stubs() -> list[str]:
+    """The .proto files of tenantnet/kube/proto whose generated stubs (the Makefile's, never
+    checked in; the image takes them with the rest of the tree) are missing or older."""
+    stale = []
+    for proto in sorted((REPO / "tenantnet" / "kube" / "proto").glob("*.proto")):
+        stubs = [proto.with_name(proto.stem + s) for s in ("_pb2.py", "_pb2_grpc.py")]
+        if not all(s.exists() and s.stat().st_mtime >= proto.stat().st_mtime for s in stubs):
+            stale.append(str(proto.relative_to(REPO)))
+    return stale
+
+
 def _source_files() -> list[Path]:
     files = [PACKAGING / "build_runtime.py", REPO / "trampoline" / "trampoline.c"]
     for pkg in PACKAGES:
@@ -139,6 +150,10 @@ def _make_site(site: Path) -> str:
 
 def build_runtime() -> Path:
     """The runtime of this source tree, built once into build/kube-image/<key>/runtime."""
+    stale = _stale_stubs()
+    if stale:
+        raise DeployError(f"the gRPC stubs of {', '.join(stale)} are missing or older than the .proto: "
+                          "`make venv` generates them")
     key = image_key()
     done = CACHE / key / "runtime"
     if (done / "tenantnet-runtime.json").exists():
