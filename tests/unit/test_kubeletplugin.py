@@ -17,6 +17,7 @@ define the same proto symbols, which one process's descriptor pool refuses to ho
 - The tree's generated stubs (the Makefile's): their descriptors equal what protoc makes of
   our .proto now (not stale), and agree with the reference on package, services, methods,
   messages and every kept field's number, type and label.
+- Importing the module imports neither grpc nor protobuf (`start` does).
 """
 
 from __future__ import annotations
@@ -503,3 +504,13 @@ def test_the_tree_uses_stubs_of_the_current_proto(tmp_path: Path, name: str) -> 
             str(REPO / "tenantnet" / "kube" / "proto" / f"{name}.proto"))
     [now] = _descriptors(tmp_path / "ours.pb").values()
     assert _ours(importlib.import_module(f"tenantnet.kube.proto.{name}_pb2")) == _without_json_names(now)
+
+
+def test_importing_the_module_imports_neither_grpc_nor_protobuf() -> None:
+    """The dataclasses are imported by driver code that may sit near a plugin call's path;
+    grpc and protobuf come with `start` only."""
+    probe = ("import sys; import tenantnet.kube.kubeletplugin; "
+             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('grpc', 'google', 'structlog') "
+             "or m.startswith('tenantnet.kube.proto')))")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=REPO)
+    assert proc.stdout.strip() == "[]"
