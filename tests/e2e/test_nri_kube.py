@@ -5,8 +5,9 @@ sequence (tests/unit/test_nri.py checks them only against a fake of our own read
 The plugin runs in the test process on the lab containerd's NRI socket
 (`<lab>/containerd/nri/nri.sock`, tenantnet/lab/kubeconf.py) with a recording handler. A pod
 scheduled for real reaches run_pod_sandbox with its UID, name, namespace and the path of the
-network namespace its containers then live in (same inode); deleting it reaches
-stop_pod_sandbox and remove_pod_sandbox for the same sandbox. A handler raising NriRefusal
+network namespace its containers then live in (same inode); a plugin connecting
+while it runs finds it in Synchronize; deleting it reaches stop_pod_sandbox and
+remove_pod_sandbox for the same sandbox. A handler raising NriRefusal
 makes the pod's sandbox fail to start: the kubelet's event carries our message. The plugin is
 stopped and the namespace deleted at the end, also on failure: the lab is as it was.
 Fails (never skips) without the Kubernetes binaries, as tests/e2e/test_kube_lab.py.
@@ -115,6 +116,16 @@ def test_a_pod_reaches_the_handler_with_its_identity_and_netns(plugged: Any) -> 
     # the netns handed to us is the one the pod's container lives in
     seen = lab.kubectl("exec", "-n", NAMESPACE, "nri-ok", "--", "ls", "-l", "/proc/self/ns/net").strip()
     assert seen.endswith(f"-> net:[{inode}]") and os.stat(pod.netns).st_ino == inode, (seen, pod.netns, inode)
+
+    # a plugin connecting now (the agent restarted) finds the running pod in Synchronize
+    late = Recorder()
+    second = nri.NriPlugin(plugin.socket_path, late, name="tenantnet-e2e-late", index="51")
+    second.start()
+    try:
+        assert poll(lambda: second.connected, 30, 0.1), "the second plugin did not register"
+        assert late.of("synchronize", "nri-ok") == [(pod, inode)], late.calls
+    finally:
+        second.stop()
 
     lab.kubectl("delete", "pod", "-n", NAMESPACE, "nri-ok", "--wait=true", "--timeout=120s", timeout=150)
     assert poll(lambda: handler.of("remove", "nri-ok"), 60, 0.2), handler.calls
