@@ -53,6 +53,7 @@ MAX_REQUEST_FRAME = 4 << 20
 DEFAULT_WEDGED_AFTER = 120.0
 REJECT_READ_TIMEOUT = 0.2  # reading an over-limit request, only to answer in its cniVersion
 QUIET_AFTER = 2.0  # seconds without a CNI call before the agent counts as idle (busy())
+DRA_CALL_SECONDS = 120.0  # one CNI call of the DRA driver's (a device's ADD or DEL)
 QUEUED_NOTABLE_MS = 100.0  # a successful request that waited this long for a worker is logged
 
 
@@ -163,6 +164,8 @@ class Agent:
         self._heartbeat: Any = None
         self._keeper: Any = None
         self._kube_watch: Any = None
+        self._dra: Any = None  # (DraDriver, SlicePublisher, KubeletPlugin, NriPlugin) with node config dra
+        self._cni_changed: Any = None  # the slice publisher's refresh: a CNI ADD/DEL changed what is free
         self._last_call = float("-inf")  # when the last CNI call ended (busy())
         self._collectors = tuple(collectors)
         self.metrics: Any = None  # entry/metrics.AgentMetrics while /metrics is served
@@ -216,10 +219,46 @@ class Agent:
 
             self._kube_watch = NodeWatch(node, self.log)
             self._kube_watch.start()
+        if node.dra:  # the DRA driver tenantnet.io (docs/dra.md)
+            self._start_dra(node)
         if node.metrics_port:
             self._serve_metrics(node)
         self.log.info("agent.started", pid=os.getpid(), socket=self.socket_path,
                       max_inflight=self.max_inflight, workers=self.workers, adds_at_once=self.adds_at_once)
+
+    def _start_dra(self, node: Any) -> None:
+        """The kubelet plugin, the NRI plugin and the ResourceSlice publisher, all over one
+        DraDriver whose CNI calls are this agent's own in-process calls (counted, logged and
+        serialised per attachment like a shim's)."""
+        import sys
+
+        from tenantnet.kube.dra import DraDriver, LightkubeClaimApi
+        from tenantnet.kube.kubeletplugin import KubeletPlugin
+        from tenantnet.kube.nri import NriPlugin
+        from tenantnet.kube.slices import LightkubeSliceApi, SlicePublisher, node_devices
+        from tenantnet.kube.watch import node_name_of
+        from tenantnet.plugin.draclaims import DRIVER
+
+        name = node_name_of(node)
+        driver = DraDriver(node, name, LightkubeClaimApi(node.kubeconfig), self._dra_cni, self.log,
+                           cni_path=os.path.dirname(sys.executable))
+        publisher = SlicePublisher(LightkubeSliceApi(node.kubeconfig), DRIVER, name,
+                                   lambda: node_devices(node, driver.held_by_cni()), self.log)
+        driver.on_change = publisher.refresh
+        self._cni_changed = publisher.refresh
+        kubelet = KubeletPlugin(DRIVER, driver, kubelet_root_dir=node.kubelet_root_dir, log=self.log)
+        nri = NriPlugin(node.nri_socket, driver, log=self.log)
+        publisher.start()
+        kubelet.start()
+        nri.start()
+        self._dra = (driver, publisher, kubelet, nri)
+
+    def _dra_cni(self, environ: dict[str, str], stdin: bytes) -> tuple[int, str]:
+        now = time.monotonic()
+        environ = {**environ, "TENANTNET_CONFIG": self.node_config}
+        environ_b = {os.fsencode(k): os.fsencode(v) for k, v in environ.items()}
+        code, out, _ = self._execute("tenantnet", environ_b, stdin, now, now + DRA_CALL_SECONDS)
+        return code, out.decode(errors="replace")
 
     def _warm_up(self) -> None:
         """Pay the imports and the OVSDB connect once, before the first request."""
@@ -309,6 +348,12 @@ class Agent:
             self._keeper.stop()
         if self._kube_watch is not None:
             self._kube_watch.stop()  # the cache stays: the next agent starts from it
+        if self._dra is not None:
+            driver, publisher, kubelet, nri = self._dra
+            kubelet.stop()  # unregistered first: the kubelet sends no new claim to a leaving agent
+            nri.stop()
+            publisher.stop()  # the slices stay: the next agent takes them over
+            driver.close()
         if self.metrics is not None:
             self.metrics.stop()
         # No OVSDB close: exiting closes the connection just as well.
@@ -526,6 +571,9 @@ class Agent:
                 self._running.pop(rid, None)
         with self._lock:
             self.stats.served += 1
+        if self._cni_changed is not None and code == 0 and plugin == "tenantnet" and \
+                environ.get("CNI_COMMAND") in ("ADD", "DEL"):
+            self._cni_changed()  # what is free to offer in the ResourceSlices may have changed
         if self.metrics is not None:
             self.metrics.observe(plugin, environ.get("CNI_COMMAND", ""), time.monotonic() - arrived, code,
                                  _error_code(text) if code else None)
@@ -556,7 +604,16 @@ class Agent:
                     "rssKb": rss, "peakRssKb": peak,
                     "metrics": "{}:{}".format(*self.metrics_address) if self.metrics_address else None,
                     "metricsToken": self.metrics_token,
-                    "kubernetes": self._kube_watch.report() if self._kube_watch is not None else None}
+                    "kubernetes": self._kube_watch.report() if self._kube_watch is not None else None,
+                    "dra": self._dra_report()}
+
+    def _dra_report(self) -> dict[str, Any] | None:
+        if self._dra is None:
+            return None
+        driver, publisher, kubelet, nri = self._dra
+        return {**driver.report(), "registered": kubelet.registered,
+                "registrationError": kubelet.registration_error, "nriConnected": nri.connected,
+                "slices": publisher.report()}
 
 
 def _error_code(text: str) -> int | None:

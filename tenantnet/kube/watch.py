@@ -38,6 +38,11 @@ KINDS = ("tenantnetworks", "namespaces", "node")
 NODE_NAME_ENV = "TENANTNET_NODE_NAME"  # packaging/daemonset.yaml: the pod's spec.nodeName
 
 
+def node_name_of(node: NodeConfig) -> str:
+    """This node's name in the cluster: the node config's, else the DaemonSet's env, else the host's."""
+    return node.node_name or os.environ.get(NODE_NAME_ENV, "") or socket.gethostname()
+
+
 class Source:
     """What the watcher asks of the API (lightkube in the agent; a fake in unit tests):
     `list(kind)` -> (objects as dicts, resourceVersion); `watch(kind, rv)` -> (type, dict)."""
@@ -142,7 +147,7 @@ class NodeWatch:
         self.log = log
         # its Node: nodeName, else what the DaemonSet passes (spec.nodeName: a host's name need not be
         # its node's), else the host name
-        self.node_name = node.node_name or os.environ.get(NODE_NAME_ENV, "") or socket.gethostname()
+        self.node_name = node_name_of(node)
         self.cache = kubecache.CacheWriter(node.state_dir)
         self._source_factory = source_factory or (lambda: LightkubeSource(node.kubeconfig, self.node_name))
         self._sleep = sleep

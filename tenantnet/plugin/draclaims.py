@@ -52,6 +52,7 @@ class ClaimDevice:
     device: str
     vf: str
     ifname: str
+    network: str = ""                # the TenantNetwork of this device's request
     sandbox: str = ""
     netns: str = ""
     result: dict[str, Any] | None = None
@@ -259,10 +260,11 @@ def bind(conf: Any, env: Any, state_dir: str) -> Any:
         why = admits(rec, env.args.pod_namespace, env.args.pod_uid)
         if why is not None:
             raise CniError(Code.TENANT_DENIED, f"tenant isolation: {where}={value!r}: {why}")
-        if rec.network and rec.network != network:
+        wanted = dev.network or rec.network
+        if wanted and wanted != network:
             raise CniError(Code.TENANT_DENIED,
                            f"tenant isolation: {where}={value!r}: ResourceClaim {rec.namespace}/{rec.name} "
-                           f"was prepared for TenantNetwork {rec.network}, and this is network {network}")
+                           f"was prepared for TenantNetwork {wanted}, and this is network {network}")
         if rec.attach != "cni":
             raise CniError(Code.INVALID_CONFIG,
                            f"invalid network config: {where}={value!r}: ResourceClaim "

@@ -88,6 +88,9 @@ PREFIX_MODES = {"add": ALL_MODES, "record": ALL_MODES, "ipam": ALL_MODES, "del":
 PREFIX_VERBS = {"add": {"ADD"}, "record": {"ADD"}, "del": {"DEL", "GC"}, "gc": {"GC"},
                 "ipam": {"ADD", "DEL", "GC"}}
 TEARDOWN = frozenset({"DEL", "GC"})
+# Steps of the DRA driver (tenantnet/kube/dra.py) are reached by prepare/attach/unprepare, not
+# by a CNI call: `dra_steps()` lists them for tests/integration/test_dra.py's sweep.
+DRA_PREFIX = "dra"
 RECOVERIES = ("DEL", "DEL-no-netns", "netns-gone", "GC", "re-ADD")
 FULL_RECOVERY_MODES = ("ovs", "sriov", "ovs-offload")  # every recovery after every ADD step
 KILLED = -signal.SIGKILL
@@ -192,6 +195,20 @@ def _saves_per_add() -> int:
     raise AssertionError("tenantnet/plugin/core.py has no Plugin._add: teach test_faults.py how ADD saves records")
 
 
+def dra_steps() -> list[str]:
+    """Every `faults.step("dra.…")` in the source, in the order of the source."""
+    names: list[str] = []
+    for root in SOURCE_ROOTS:
+        for path in sorted((REPO / root).rglob("*.py")):
+            tree = _parse(path)
+            bare = any(isinstance(n, ast.ImportFrom) and n.module == "tenantnet.plugin.faults"
+                       and any(a.name == "step" for a in n.names) for n in ast.walk(tree))
+            finder = _StepFinder(path, bare)
+            finder.visit(tree)
+            names += [s.name for s in finder.sites if s.name.partition(".")[0] == DRA_PREFIX]
+    return list(dict.fromkeys(names))
+
+
 def enumerate_steps() -> tuple[dict[str, Step], list[str], dict[Path, set[str]]]:
     """Every crash point in the source, with the modes and verbs that reach it; problems."""
     sites: list[_Site] = []
@@ -209,6 +226,8 @@ def enumerate_steps() -> tuple[dict[str, Step], list[str], dict[Path, set[str]]]
     saves = _saves_per_add()
     steps: dict[str, Step] = {}
     for site in sites:
+        if site.name.partition(".")[0] == DRA_PREFIX:
+            continue  # the DRA driver's own steps: tests/integration/test_dra.py kills the agent at each
         step = steps.setdefault(site.name, Step(site.name))
         where = f"{site.path.relative_to(REPO)}:{site.line} ({'.'.join(n for _, n in site.scope)})"
         step.sites.append(where)

@@ -331,6 +331,9 @@ def test_packaged_rbac_is_least_privilege():
                             # the DRA driver's own slices and its claims' status (docs/dra.md)
                             (["resource.k8s.io"], ["resourceslices"], {"create", "update", "patch", "delete"}),
                             (["resource.k8s.io"], ["resourceclaims/status"], {"update", "patch"})]
+    [driver] = [r for r in roles["tenantnet-agent"] if r["resources"] == ["resourceclaims/driver"]]
+    assert driver["resourceNames"] == ["tenantnet.io"]  # our own entries of a claim's status.devices
+    assert all(v.startswith("associated-node:") for v in driver["verbs"])  # claims of the agent's node only
     granted = {(g, res): set(r["verbs"]) for r in roles["tenantnet-renderer"] for g in r["apiGroups"]
                for res in r["resources"]}
     assert not granted[("tenantnet.io", "tenantnetworks")] & writes
