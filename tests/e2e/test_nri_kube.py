@@ -8,7 +8,9 @@ scheduled for real reaches run_pod_sandbox with its UID, name, namespace and the
 network namespace its containers then live in (same inode); a plugin connecting
 while it runs finds it in Synchronize; deleting it reaches stop_pod_sandbox and
 remove_pod_sandbox for the same sandbox. A handler raising NriRefusal
-makes the pod's sandbox fail to start: the kubelet's event carries our message. The plugin is
+makes the pod's sandbox fail to start: the kubelet's event carries our message; a handler
+that outlasts containerd's request timeout is dropped and the pod runs (containerd's rule),
+the plugin reconnecting and finding the pod in Synchronize. The plugin is
 stopped and the namespace deleted at the end, also on failure: the lab is as it was.
 Fails (never skips) without the Kubernetes binaries, as tests/e2e/test_kube_lab.py.
 """
@@ -40,6 +42,7 @@ class Recorder:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.calls: list[tuple[str, nri.PodSandbox, int]] = []  # (what, pod, netns inode or 0)
+        self.holds: dict[str, threading.Event] = {}  # pod name -> run_pod_sandbox waits for it
 
     def _record(self, what: str, pod: nri.PodSandbox) -> None:
         try:
@@ -55,6 +58,9 @@ class Recorder:
 
     def run_pod_sandbox(self, pod: nri.PodSandbox) -> None:
         self._record("run", pod)
+        hold = self.holds.get(pod.name) if pod.namespace == NAMESPACE else None
+        if hold is not None:
+            hold.wait(300)
         if pod.namespace == NAMESPACE and pod.name == REFUSED:
             raise nri.NriRefusal(REFUSAL)
 
@@ -157,3 +163,25 @@ def test_a_refusal_fails_the_pod_sandbox_with_our_message(plugged: Any) -> None:
         lab.kubectl("delete", "pod", "-n", NAMESPACE, REFUSED, "--ignore-not-found", "--wait=true",
                     "--timeout=120s", timeout=150)
     assert plugin.connected
+
+
+def test_a_handler_past_the_request_timeout_is_dropped_and_the_pod_runs_without_it(plugged: Any) -> None:
+    """containerd's own rule (nri pkg/adaptation/plugin.go: a deadline is "fatal", the plugin is
+    closed and the call succeeds): a run_pod_sandbox that does not answer within the request
+    timeout (2 s by default) does not hold the pod back. Shown without a clock: the handler
+    waits until the pod is Ready. The plugin then reconnects and finds the pod in Synchronize:
+    the place where the agent must catch such a pod up."""
+    lab, handler, plugin = plugged
+    before = plugin.connections
+    handler.holds["nri-slow"] = hold = threading.Event()
+    try:
+        kube.apply(lab.lab, json.dumps(_pod("nri-slow")))
+        lab.kubectl("wait", "-n", NAMESPACE, "--for=condition=Ready", "pod/nri-slow", "--timeout=180s", timeout=200)
+        assert handler.of("run", "nri-slow"), handler.calls  # it was asked, and is still busy
+        hold.set()
+        assert poll(lambda: plugin.connections > before and plugin.connected, 60, 0.2), "no reconnection"
+        assert handler.of("synchronize", "nri-slow"), handler.calls
+    finally:
+        hold.set()
+        lab.kubectl("delete", "pod", "-n", NAMESPACE, "nri-slow", "--ignore-not-found", "--wait=true",
+                    "--timeout=120s", timeout=150)
