@@ -44,6 +44,7 @@ import json
 import os
 import re
 import threading
+import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -147,8 +148,8 @@ class DraDriver:
         self._lock = threading.Lock()
         self.on_change: Callable[[], None] = lambda: None  # the slice publisher's refresh
 
-    def close(self) -> None:
-        self._pool.shutdown(wait=False, cancel_futures=True)
+    def close(self, wait: bool = False) -> None:
+        self._pool.shutdown(wait=wait, cancel_futures=not wait)
 
     # ---- kubelet: prepare / unprepare ---------------------------------------------------
     def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
@@ -160,6 +161,7 @@ class DraDriver:
         return {uid: f.result() for uid, f in futures.items()}
 
     def _prepare_one(self, ref: ClaimRef) -> PrepareResult:
+        started = time.monotonic()
         try:
             with self.store.lock(ref.uid):
                 rec = self.store.load(ref.uid)
@@ -172,7 +174,8 @@ class DraDriver:
                     faults.step("dra.prepare.cdi-written")
                     with self._lock:
                         self.stats.prepared += 1
-                    self.log.info("dra.prepared", claim=f"{rec.namespace}/{rec.name}", uid=rec.uid,
+                    self.log.info("dra.prepared", ms=round((time.monotonic() - started) * 1000, 2),
+                                  claim=f"{rec.namespace}/{rec.name}", uid=rec.uid,
                                   network=rec.network, tenant=rec.tenant, pod=rec.pod_name,
                                   devices=[d.vf for d in rec.devices], attach=rec.attach)
                     self.on_change()
@@ -467,6 +470,7 @@ class DraDriver:
                                    when="synchronize")
 
     def _attach(self, pod: PodSandbox, records: list[ClaimRecord]) -> list[str]:
+        started = time.monotonic()
         # Every device, whatever its record says: the ADD of one already in this sandbox is a
         # repeat that answers its result (a record saved before a crash may say "attached"
         # of a device whose DEL had run). One still in an older sandbox of the pod leaves it first.
@@ -520,8 +524,10 @@ class DraDriver:
             faults.step("dra.attach.recorded")
             with self._lock:
                 self.stats.attached += len(items)
-            self._publish_network_data(current)
-        self.log.info("dra.attached", pod=f"{pod.namespace}/{pod.name}", sandbox=pod.id,
+            # The status is the API's to carry, not the pod's start to wait for.
+            self._pool.submit(self._publish_network_data, current)
+        self.log.info("dra.attached", ms=round((time.monotonic() - started) * 1000, 2),
+                      pod=f"{pod.namespace}/{pod.name}", sandbox=pod.id,
                       devices=[f"{dev.ifname}={dev.vf}" for _, dev, _ in done])
         return []
 

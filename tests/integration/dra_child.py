@@ -78,7 +78,7 @@ def main() -> int:
             print(json.dumps({"op": op, "ok": True, "result": result}), flush=True)
         except NriRefusal as exc:
             print(json.dumps({"op": op, "ok": False, "error": str(exc)}), flush=True)
-    driver.close()
+    driver.close(wait=True)  # the claims' status writes too
     return 0
 
 
