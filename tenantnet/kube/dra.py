@@ -144,12 +144,16 @@ class DraDriver:
         self.cni_path = cni_path
         self.store = ClaimStore(node.state_dir)
         self.stats = DraStats()
+        # Claims (prepare, unprepare, reconcile) and devices (one CNI call each) on pools of
+        # their own: a claim's work waits for its devices', which must never queue behind it.
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="tenantnet-dra")
+        self._devices = ThreadPoolExecutor(workers, thread_name_prefix="tenantnet-dra-dev")
         self._lock = threading.Lock()
         self.on_change: Callable[[], None] = lambda: None  # the slice publisher's refresh
 
     def close(self, wait: bool = False) -> None:
         self._pool.shutdown(wait=wait, cancel_futures=not wait)
+        self._devices.shutdown(wait=wait, cancel_futures=not wait)
 
     # ---- kubelet: prepare / unprepare ---------------------------------------------------
     def prepare(self, claims: list[ClaimRef]) -> dict[str, PrepareResult]:
@@ -451,7 +455,19 @@ class DraDriver:
         self._detach_sandbox(pod.id)
 
     def synchronize(self, pods: list[PodSandbox]) -> None:
-        """After a (re)connect: attach what running pods miss, detach what dead sandboxes held."""
+        """After a (re)connect: attach what running pods miss, detach what dead sandboxes held.
+        Answered at once, the work done after: containerd gives Synchronize the same short
+        request timeout as an event, and these pods run already (nothing to fail closed)."""
+        self._pool.submit(self._reconcile, list(pods))
+
+    def _reconcile(self, pods: list[PodSandbox]) -> None:
+        try:
+            self.reconcile(pods)
+        except Exception as exc:  # noqa: BLE001 - a thread of the pool: logged, retried at the next sync
+            self.log.error("dra.synchronize.failed", error=repr(exc))
+
+    def reconcile(self, pods: list[PodSandbox]) -> None:
+        """What synchronize does, here and now."""
         alive = {p.id for p in pods}
         for rec in self.store.all():
             gone = [d for d in rec.devices if d.sandbox and d.sandbox not in alive]
@@ -488,7 +504,7 @@ class DraDriver:
         jobs = [(rec, dev) for rec in records for dev in rec.devices]
         if not jobs:
             return []
-        futures = [(rec, dev, self._pool.submit(self._cni, "ADD", rec, dev, pod.id, pod.netns, pod))
+        futures = [(rec, dev, self._devices.submit(self._cni, "ADD", rec, dev, pod.id, pod.netns, pod))
                    for rec, dev in jobs]
         done: list[tuple[ClaimRecord, ClaimDevice, dict[str, Any]]] = []
         errors: list[str] = []
@@ -525,7 +541,7 @@ class DraDriver:
             with self._lock:
                 self.stats.attached += len(items)
             # The status is the API's to carry, not the pod's start to wait for.
-            self._pool.submit(self._publish_network_data, current)
+            self._devices.submit(self._publish_network_data, current)
         self.log.info("dra.attached", ms=round((time.monotonic() - started) * 1000, 2),
                       pod=f"{pod.namespace}/{pod.name}", sandbox=pod.id,
                       devices=[f"{dev.ifname}={dev.vf}" for _, dev, _ in done])
@@ -546,7 +562,7 @@ class DraDriver:
         devices = list(devices)
         if not devices:
             return []
-        futures = [(d, self._pool.submit(self._cni, "DEL", rec, d, d.sandbox, d.netns, None))
+        futures = [(d, self._devices.submit(self._cni, "DEL", rec, d, d.sandbox, d.netns, None))
                    for d in devices]
         errors = []
         for d, fut in futures:

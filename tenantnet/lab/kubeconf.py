@@ -145,6 +145,10 @@ imports = []
   socket_path = {q(str(c / 'nri' / 'nri.sock'))}
   plugin_path = {q(str(c / 'nri' / 'plugins'))}
   plugin_config_path = {q(str(c / 'nri' / 'conf.d'))}
+  # tenantnet moves a pod's DRA devices at RunPodSandbox (docs/dra.md): 8 VFs in parallel
+  # take ~0.5 s here, more on a busy machine; past the default 2 s NRI drops the plugin and
+  # the pod starts without them (caught up only at the next Synchronize).
+  plugin_request_timeout = '15s'
 [plugins.'io.containerd.shim.v1.manager']
   socket_dir = {q(str(c / 's'))}
 """)

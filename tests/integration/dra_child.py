@@ -71,7 +71,7 @@ def main() -> int:
                 getattr(driver, f"{op}_pod_sandbox")(PodSandbox(**arg))
                 result = None
             elif op == "sync":
-                driver.synchronize([PodSandbox(**p) for p in arg])
+                driver.reconcile([PodSandbox(**p) for p in arg])  # synchronize's work, waited for
                 result = None
             else:
                 raise ValueError(f"unknown op {op}")
