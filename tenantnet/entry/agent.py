@@ -218,7 +218,11 @@ class Agent:
             from tenantnet.kube.watch import NodeWatch  # lightkube: imported by the agent only
 
             self._kube_watch = NodeWatch(node, self.log)
-            self._kube_watch.start()
+            try:
+                self._kube_watch.start()
+            except Exception as exc:  # lightkube's ConfigError: no kubeconfig, no in-cluster account
+                raise AgentError(f"Kubernetes mode (node config kubernetes: true): no API client: "
+                                 f"{exc}") from None
         if node.dra:  # the DRA driver tenantnet.io (docs/dra.md)
             self._start_dra(node)
         if node.metrics_port:
@@ -233,23 +237,32 @@ class Agent:
         import sys
 
         from tenantnet.kube.dra import DraDriver, LightkubeClaimApi
-        from tenantnet.kube.kubeletplugin import KubeletPlugin
+        from tenantnet.kube.kubeletplugin import KubeletPlugin, KubeletPluginError
         from tenantnet.kube.nri import NriPlugin
         from tenantnet.kube.slices import LightkubeSliceApi, SlicePublisher, node_devices
         from tenantnet.kube.watch import node_name_of
         from tenantnet.plugin.draclaims import DRIVER
 
         name = node_name_of(node)
-        driver = DraDriver(node, name, LightkubeClaimApi(node.kubeconfig), self._dra_cni, self.log,
-                           cni_path=os.path.dirname(sys.executable))
+        try:
+            api = LightkubeClaimApi(node.kubeconfig)
+        except Exception as exc:  # lightkube's ConfigError and the OSErrors under it
+            raise AgentError(f"DRA (node config dra: true): no Kubernetes API client: {exc}") from None
+        driver = DraDriver(node, name, api, self._dra_cni, self.log, cni_path=os.path.dirname(sys.executable))
         publisher = SlicePublisher(LightkubeSliceApi(node.kubeconfig), DRIVER, name,
                                    lambda: node_devices(node, driver.held_by_cni()), self.log)
         driver.on_change = publisher.refresh
         self._cni_changed = publisher.refresh
         kubelet = KubeletPlugin(DRIVER, driver, kubelet_root_dir=node.kubelet_root_dir, log=self.log)
         nri = NriPlugin(node.nri_socket, driver, log=self.log)
+        try:
+            kubelet.start()
+        except KubeletPluginError as exc:
+            # The node config asks for a DRA driver: an agent that silently is none would
+            # leave the node's claims unprepared with no one saying why.
+            driver.close()
+            raise AgentError(f"DRA (node config dra: true): {exc}") from None
         publisher.start()
-        kubelet.start()
         nri.start()
         self._dra = (driver, publisher, kubelet, nri)
 
