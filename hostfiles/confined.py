@@ -17,6 +17,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+import threading
 from collections.abc import Iterable
 
 from cni.errors import CniError, Code, invalid_config
@@ -226,3 +227,23 @@ def remove_confined(path: str, allowed: Iterable[str]) -> bool:
     except FileNotFoundError:
         return False
     return True
+
+
+def replace_file(path: str, data: bytes, mode: int = 0o600) -> None:
+    """Write `path` whole or not at all: a temp file beside it, named for this process and
+    thread (several may write one path, each under its own lock or not), created exclusively
+    and never through a link, given exactly `mode`, then renamed over `path`. No fsync: a
+    reader or a process after a SIGKILL sees the old file or the new one, never a part."""
+    tmp = f"{path}.tmp.{os.getpid()}.{threading.get_ident()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, mode)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            os.fchmod(fh.fileno(), mode)  # the umask narrowed os.open's
+            fh.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -416,15 +416,11 @@ class DraDriver:
             devices.append({"name": rec.cdi_name(d), "containerEdits": {"env": [
                 f"TENANTNET_{key}_VF={d.vf}", f"TENANTNET_{key}_NETWORK={d.network or rec.network}"]}})
         spec = {"cdiVersion": "0.6.0", "kind": draclaims.CDI_KIND, "devices": devices}
-        from hostfiles.confined import ensure_private_dir
+        from hostfiles.confined import ensure_private_dir, replace_file
 
         ensure_private_dir(self.node.cdi_dir)
-        path = self._cdi_path(rec.uid)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(spec, fh, sort_keys=True)
-        os.replace(tmp, path)
+        # 0644: the runtime reads it (as root, but CDI tools as others too); it names no secret.
+        replace_file(self._cdi_path(rec.uid), json.dumps(spec, sort_keys=True).encode(), 0o644)
 
     def _remove_cdi(self, uid: str) -> None:
         for p in (self._cdi_path(uid),):

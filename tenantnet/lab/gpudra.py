@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import signal
 import sys
@@ -224,14 +223,9 @@ class GpuClaims:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    # A name of this thread's own: the kubelet may prepare several claims at once.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_text(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    from hostfiles.confined import replace_file
+
+    replace_file(str(path), text.encode(), 0o644)
 
 
 # -- the process -----------------------------------------------------------------------------------

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from hostfiles.confined import ensure_private_dir
+from hostfiles.confined import ensure_private_dir, replace_file
 
 DRIVER = "tenantnet.io"
 CDI_KIND = f"{DRIVER}/vf"
@@ -128,19 +128,7 @@ class ClaimStore:
 
     def save(self, record: ClaimRecord) -> None:
         ensure_private_dir(self.root)
-        path = self.path(record.uid)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(record.to_json())
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except FileNotFoundError:
-                pass
-            raise
+        replace_file(self.path(record.uid), record.to_json().encode(), 0o600)
 
     def remove(self, uid: str) -> None:
         for p in (self.path(uid), os.path.join(self.lock_dir, uid + ".lock")):

@@ -195,22 +195,8 @@ def _saves_per_add() -> int:
     raise AssertionError("tenantnet/plugin/core.py has no Plugin._add: teach test_faults.py how ADD saves records")
 
 
-def dra_steps() -> list[str]:
-    """Every `faults.step("dra.…")` in the source, in the order of the source."""
-    names: list[str] = []
-    for root in SOURCE_ROOTS:
-        for path in sorted((REPO / root).rglob("*.py")):
-            tree = _parse(path)
-            bare = any(isinstance(n, ast.ImportFrom) and n.module == "tenantnet.plugin.faults"
-                       and any(a.name == "step" for a in n.names) for n in ast.walk(tree))
-            finder = _StepFinder(path, bare)
-            finder.visit(tree)
-            names += [s.name for s in finder.sites if s.name.partition(".")[0] == DRA_PREFIX]
-    return list(dict.fromkeys(names))
-
-
-def enumerate_steps() -> tuple[dict[str, Step], list[str], dict[Path, set[str]]]:
-    """Every crash point in the source, with the modes and verbs that reach it; problems."""
+def _all_sites() -> tuple[list[_Site], list[str]]:
+    """Every `faults.step(...)` call in the source, and the problems found reading them."""
     sites: list[_Site] = []
     problems: list[str] = []
     for root in SOURCE_ROOTS:
@@ -222,6 +208,17 @@ def enumerate_steps() -> tuple[dict[str, Step], list[str], dict[Path, set[str]]]
             finder.visit(tree)
             sites += finder.sites
             problems += finder.problems
+    return sites, problems
+
+
+def dra_steps() -> list[str]:
+    """Every `faults.step("dra.…")` in the source, in the order of the source."""
+    return list(dict.fromkeys(s.name for s in _all_sites()[0] if s.name.partition(".")[0] == DRA_PREFIX))
+
+
+def enumerate_steps() -> tuple[dict[str, Step], list[str], dict[Path, set[str]]]:
+    """Every crash point in the source, with the modes and verbs that reach it; problems."""
+    sites, problems = _all_sites()
     driver_modes, callers, under_attach, under_detach = _driver_facts()
     saves = _saves_per_add()
     steps: dict[str, Step] = {}
