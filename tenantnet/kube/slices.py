@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
+from tenantnet.plugin import draclaims
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.pci import normalise_pci_address
 from tenantnet.plugin.system.pcitree import PcieTree
@@ -78,7 +79,7 @@ def device_name(pci_address: str) -> str:
     addr = normalise_pci_address(pci_address)
     if addr is None:
         raise ValueError(f"{pci_address!r} is not a PCI address (DDDD:BB:DD.F)")
-    return "vf-" + addr.replace(":", "-").replace(".", "-")
+    return draclaims.device_name(addr)  # the one naming, which the claims' side reads back
 
 
 def _attr(value: str | int | bool) -> dict[str, Any]:
