@@ -7,6 +7,8 @@ by hand (as the agent's watcher would), and each "agent" is a child process
   device of its claims into its namespace with the network's VLAN and an address from
   tenantnet-ipam; traffic flows between two claims' pods on the rail; the addresses reach
   the claim's status; stop and unprepare leave the node as it was;
+- each request on its own TenantNetwork; the VF's RDMA device in the pod and back (rdma:
+  exclusive); mode ovs-offload: the representor on the bridge with the network's VLAN;
 - a namespace the TenantNetwork does not grant is refused with the reason, and nothing is
   written; a CNI ADD (Multus) for another pod naming a claimed VF is refused (code 120);
 - the agent SIGKILLed at every `dra.*` step (the list comes from the code) and the kubelet's
@@ -40,6 +42,7 @@ from tests.integration.test_faults import dra_steps
 NODE = "lab-node"
 NETWORK = "rail-dra"
 NETWORK2 = "rail-dra2"
+NETWORK_RDMA = "rail-rdma"
 VLAN = 310
 
 
@@ -109,6 +112,9 @@ def dra_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DraLab]:
         cache.put("tenantnetworks", NETWORK2, {"metadata": {"name": NETWORK2, "uid": "u-dra2"}, "spec": {
             "tenants": ["team-a"], "fabric": {"mode": "sriov", "pfs": [card["pf"]]}, "vlan": VLAN + 1,
             "rdma": "off", "ipam": {"ranges": [[{"subnet": "10.84.0.0/24"}]]}}})
+        cache.put("tenantnetworks", NETWORK_RDMA, {"metadata": {"name": NETWORK_RDMA, "uid": "u-dra3"}, "spec": {
+            "tenants": ["team-a"], "fabric": {"mode": "sriov", "pfs": [card["pf"]]}, "vlan": VLAN + 2,
+            "rdma": "exclusive", "ipam": {"ranges": [[{"subnet": "10.85.0.0/24"}]]}}})
         for ns in ("team-a", "team-b"):
             cache.put("namespaces", ns, kubecache.namespace_doc(ns, {TENANT_LABEL: ns}))
         cache.mark_synced(1.0, NODE, {})
@@ -188,6 +194,31 @@ def test_each_request_its_own_network(dra_lab: DraLab, netns_factory: Any) -> No
     addrs = ns.run("ip", "-o", "-4", "addr", "show").stdout
     assert "10.83.0." in addrs and "10.84.0." in addrs, addrs
     _ok(dra_lab.run(["stop", pod], ["unprepare", c])[1])
+    assert dra_lab.left() == []
+    assert nodestate.diff(before, nodestate.snapshot(dra_lab.lab)) == ""
+
+
+def test_the_vfs_rdma_device_follows_it_into_the_pod_and_back(dra_lab: DraLab, netns_factory: Any) -> None:
+    """On an rdma: exclusive network the VF's (simulated) RDMA device is in the pod's namespace
+    while the sandbox runs, and on the host again after its stop."""
+    from tenantnet.lab.rdma import LabRdmaControl
+    from tenantnet.plugin.system.rdmacontrol import netns_identity
+
+    rdma = LabRdmaControl(str(dra_lab.lab.root))
+    rdma.set_netns_mode("exclusive")
+    device = {d["pciAddress"]: d["device"] for d in rdma.describe()}[dra_lab.vfs[0]]
+
+    def holder() -> str | None:
+        return {d["device"]: d["netns"] for d in rdma.describe()}[device]
+    before = nodestate.snapshot(dra_lab.lab)
+    ns = netns_factory()
+    pod = _pod(ns, "rdma")
+    c = dra_lab.claim("rdma", "team-a", dra_lab.vfs[:1], pod["uid"], network=NETWORK_RDMA)
+    _ok(dra_lab.run(["prepare", c], ["run", pod])[1])
+    assert holder() == str(netns_identity(ns.path))
+    _ok(dra_lab.run(["stop", pod])[1])
+    assert holder() is None
+    _ok(dra_lab.run(["unprepare", c])[1])
     assert dra_lab.left() == []
     assert nodestate.diff(before, nodestate.snapshot(dra_lab.lab)) == ""
 
@@ -286,3 +317,39 @@ def test_pod_deleted_while_the_agent_is_down(dra_lab: DraLab, netns_factory: Any
     _ok(got)
     assert dra_lab.left() == []
     assert nodestate.diff(before, nodestate.snapshot(dra_lab.lab)) == ""
+
+
+def test_an_offload_claim_puts_the_representor_on_the_bridge(switchdev_lab: Lab, netns_factory: Any,
+                                                            tmp_path: Path) -> None:
+    """Mode ovs-offload through DRA (the lab's simulated switchdev NIC): the pod gets the VF,
+    its representor is an OVS port of ours with the network's VLAN while the sandbox runs, and
+    everything is gone after stop and unprepare."""
+    [card] = LabNic(str(switchdev_lab.root)).describe()
+    cache = kubecache.CacheWriter(str(switchdev_lab.state_dir))
+    cache.put("tenantnetworks", "rail-off", {"metadata": {"name": "rail-off", "uid": "u-off"}, "spec": {
+        "tenants": ["team-a"], "fabric": {"mode": "ovs-offload", "bridge": switchdev_lab.bridge, "pfs": [card["pf"]]},
+        "vlan": 320, "rdma": "off", "ipam": {"ranges": [[{"subnet": "10.86.0.0/24"}]]}}})
+    cache.put("namespaces", "team-a", kubecache.namespace_doc("team-a", {TENANT_LABEL: "team-a"}))
+    cache.mark_synced(1.0, NODE, {})
+    node = tmp_path / "node.yaml"
+    node.write_text(switchdev_lab.node_config.read_text() + f"kubernetes: true\ndra: true\ncdiDir: {tmp_path / 'cdi'}\n"
+                    f"nodeName: {NODE}\n")
+    d = DraLab(switchdev_lab, node, tmp_path / "claims.json", tmp_path / "cdi", card["pf"],
+               [v["address"] for v in card["vfs"]])
+    try:
+        before = nodestate.snapshot(switchdev_lab)
+        ns = netns_factory()
+        pod = _pod(ns, "off")
+        c = d.claim("off", "team-a", d.vfs[:1], pod["uid"], network="rail-off")
+        _ok(d.run(["prepare", c], ["run", pod])[1])
+        assert "rail0" in ns.run("ip", "-o", "link").stdout
+        [rep] = [v["representor"] for v in card["vfs"] if v["address"] == d.vfs[0]]
+        assert switchdev_lab.vsctl("get", "Port", rep, "tag").strip() == "320"
+        assert rep in switchdev_lab.owned_ports()
+        _ok(d.run(["stop", pod], ["unprepare", c])[1])
+        assert d.left() == []
+        assert nodestate.diff(before, nodestate.snapshot(switchdev_lab)) == ""
+    finally:
+        import shutil
+
+        shutil.rmtree(kubecache.cache_dir(str(switchdev_lab.state_dir)), ignore_errors=True)
