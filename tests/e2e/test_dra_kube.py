@@ -6,7 +6,8 @@ packaged TenantNetwork CRD, DeviceClasses and RBAC applied, eight TenantNetworks
 `rail-7` for tenant team-a (one NIC, VLAN and subnet each), and tenantnet's agent run by the
 test with `dra: true` under its ServiceAccount. Checked:
 
-- the agent registers with the kubelet, and its ResourceSlices offer the 16 VFs;
+- the agent registers with the kubelet, and its ResourceSlices offer the 16 VFs; a VF a pod
+  takes through Multus + CNI leaves the slices until its DEL;
 - a pod asking for 8 GPUs and 8 rails with one `matchAttribute: resource.kubernetes.io/pcieRoot`
   per GPU/rail pair is placed by the real kube-scheduler with every rail behind its GPU's PCIe
   switch (PIX, `tenantnetctl rails --claims`); the kubelet has tenantnet prepare the claim,
@@ -14,6 +15,7 @@ test with `dra: true` under its ServiceAccount. Checked:
   rail's address; a second pod (8 rails, no GPU) reaches the first on every rail;
 - a pod of tenant team-b whose claim names rail-0 is refused at prepare with the reason, and
   never starts; a claim that cannot be aligned stays Pending with the scheduler's reason;
+- `tenantnetctl rails --claims` shows the 8 pairs, all PIX;
 - deleting the pods unprepares everything: no claim record, no CDI spec, every VF back on the
   host, the slices offer all 16 VFs again.
 Fails (never skips) without the Kubernetes binaries.
@@ -37,7 +39,7 @@ import yaml
 
 from tenantnet.lab import kube, kubebin, kubeimages
 from tenantnet.lab.nic import LabNic
-from tenantnet.plugin import nodeconfig
+from tenantnet.plugin import draclaims, nodeconfig
 from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
@@ -202,6 +204,34 @@ def test_the_agent_offers_every_vf(dra: DraLab) -> None:
     devices = slice_devices(dra, "tenantnet.io")
     rails = sorted({a.get("rail") for a in devices.values()})
     assert rails == [f"rail-{i}" for i in range(RAILS)], devices
+
+
+def test_a_vf_the_cni_path_takes_is_not_offered(dra: DraLab) -> None:
+    """A pod of team-a on rail-0 through Multus (its NAD as the renderer writes it: the
+    TenantNetwork decides, a free VF of its PF is picked): that VF leaves the slices while the
+    pod runs, and is offered again after its DEL."""
+    nad = {"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+           "metadata": {"name": "rail-0", "namespace": "team-a"},
+           "spec": {"config": json.dumps({"cniVersion": "1.0.0", "name": "rail-0", "type": "tenantnet",
+                                          "tenantNetwork": "rail-0"})}}
+    p = pod("multus", "team-a", "unused")
+    del p["spec"]["resourceClaims"], p["spec"]["containers"][0]["resources"]
+    p["metadata"]["annotations"] = {"k8s.v1.cni.cncf.io/networks": "rail-0"}
+    dra.apply(nad, p)
+    try:
+        try:
+            dra.kubectl("wait", "-n", "team-a", "pod/multus", "--for=condition=Ready", "--timeout=120s", timeout=140)
+        except kube.KubeError:
+            pytest.fail(f"not Ready: {dra.events('team-a', 'multus')}\n{dra.agent_log()}")
+        out = subprocess.run([CTL, "ls", "--json"], capture_output=True, text=True, timeout=60, env=dra.env,
+                             check=True).stdout
+        [taken] = [r["hostIfname"] for r in json.loads(out) if r.get("pod") == "team-a/multus"]  # the VF's PCI address
+        assert poll(lambda: len(slice_devices(dra, "tenantnet.io")) == 2 * RAILS - 1, 60, 0.2), dra.agent_log()
+        assert draclaims.device_name(taken) not in slice_devices(dra, "tenantnet.io")
+    finally:
+        dra.kubectl("delete", "pod", "-n", "team-a", "multus", "--wait=true", "--timeout=120s", timeout=150)
+        dra.kubectl("delete", "network-attachment-definition", "-n", "team-a", "rail-0", "--ignore-not-found")
+    assert poll(lambda: len(slice_devices(dra, "tenantnet.io")) == 2 * RAILS, 60, 0.2), dra.agent_log()
 
 
 def test_another_tenants_claim_is_refused_at_prepare(dra: DraLab) -> None:
