@@ -35,6 +35,7 @@ from tenantnet.lab import kube, kubedeploy
 from tenantnet.lab import node as labnode
 from tenantnet.ops import runtime as rtmod
 from tenantnet.plugin import kubecache
+from tests.atonce import at_once
 from tests.polling import poll
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
@@ -176,9 +177,12 @@ def test_two_tenants_through_the_installed_plugin_and_agent(deployed: Deployed) 
                          "external_ids:tenantnet-owner=tenantnet").split()
     assert sorted(tags) == ["101", "101", "102", "102"], tags
     a1, a2, b1, b2 = (addrs[f"tenant-{t}/p{i}"] for t in "ab" for i in (1, 2))
-    assert kubedeploy.reaches(lab, "tenant-a/p1", a2) and kubedeploy.reaches(lab, "tenant-b/p2", b1)
-    assert not kubedeploy.reaches(lab, "tenant-a/p1", b1), "tenant A reached tenant B"
-    assert not kubedeploy.reaches(lab, "tenant-b/p2", a2), "tenant B reached tenant A"
+    # at once: the two that must fail each wait out their deadline
+    a_a, b_b, a_b, b_a = at_once(*(lambda src=src, ip=ip: kubedeploy.reaches(lab, src, ip) for src, ip in (
+        ("tenant-a/p1", a2), ("tenant-b/p2", b1), ("tenant-a/p1", b1), ("tenant-b/p2", a2))))
+    assert a_a and b_b
+    assert not a_b, "tenant A reached tenant B"
+    assert not b_a, "tenant B reached tenant A"
     kubedeploy.remove_tenants(lab)  # (the session's lab goes on)
     gone = subprocess.run([CTL, "--node-config", lab.node_config, "ls", "--json"], capture_output=True,
                           text=True, check=True, timeout=60).stdout

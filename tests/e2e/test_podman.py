@@ -12,6 +12,7 @@ from __future__ import annotations
 import ipaddress
 import json
 
+from tests.atonce import at_once
 from tests.e2e.conftest import IFNAME, SUBNET, VLAN, Container, Podman, link_exists, parse_ip_addr, wait_until
 
 
@@ -92,8 +93,10 @@ def test_two_containers_reach_each_other(podman: Podman) -> None:
     _assert_attached(podman, a, addr_a)
     _assert_attached(podman, b, addr_b)
 
-    for src, dst in ((a, addr_b), (b, addr_a)):
-        ping = podman.exec(src.name, "ping", "-c", "3", "-W", "2", str(dst.ip), check=False)
+    pings = at_once(*(lambda src=src, dst=dst: podman.exec(src.name, "ping", "-c", "3", "-W", "2", str(dst.ip),
+                                                           check=False)
+                      for src, dst in ((a, addr_b), (b, addr_a))))  # both directions at once
+    for (src, dst), ping in zip(((a, addr_b), (b, addr_a)), pings, strict=True):
         assert ping.returncode == 0, (
             f"{src.name} cannot reach {dst.ip}: {ping.stdout}{ping.stderr}\n{podman.diagnostics()}")
 
