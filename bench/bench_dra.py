@@ -530,11 +530,11 @@ def netns_moves(lines: list[str], n: int = 8, rounds: int = 5) -> None:
               f"| {n} one after another | {serial:.1f} |",
               f"| {n} from {n} threads at once | {parallel:.1f} |",
               f"| per move (one after another) | {single:.1f} |", "",
-              f"Parallel / serial: {parallel / serial:.2f}× — the moves do not overlap: each runs in the "
+              f"Parallel / serial: {parallel / serial:.2f}× — the moves overlap little: each runs in the "
               "kernel under the RTNL lock (every rtnetlink request of the host takes it), so an attach of 8 "
               "devices costs about 8 moves whatever the threads. A VF moves the same way (RTM_SETLINK with "
               "IFLA_NET_NS_FD). The 1.5× target for 8 rails against 1 assumed the devices' work overlaps; "
-              "here the part that dominates cannot.", ""]
+              "here the part that dominates barely can.", ""]
 
 
 def bring_up(root: str) -> kube.KubeLab:
