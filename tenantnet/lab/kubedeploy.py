@@ -20,7 +20,9 @@ sources, the dependencies' versions, build_runtime.py and the trampoline's sourc
   host's own path (or under `/host`) moves with it, so a path means the same on the host and
   in the pod; the installer is told the lab's CNI bin dir, runtime dir and node config;
 - the node config (the ConfigMap) gets the same paths (the agent's socket under the lab: the
-  trampoline Multus execs on the host reads it there), Kubernetes mode, no metrics port;
+  trampoline Multus execs on the host reads it there), Kubernetes mode, no metrics port, and
+  the DRA paths (`kubeletRootDir`, `nriSocket`, `cdiDir`) of the lab's kubelet and containerd,
+  where the DaemonSet's DRA mounts now point, whether or not `dra` is on;
 - the lab has no kube-proxy: the pods' `KUBERNETES_SERVICE_HOST/PORT` name the API server's
   own address instead of the `kubernetes` Service;
 - the renderer's Deployment runs one replica.
@@ -257,13 +259,25 @@ def host_paths(lab: Any) -> dict[str, str]:
     """The DaemonSet's host paths -> where the lab has them (its node config's directory is the
     lab OVS's: containerd's TENANTNET_CONFIG names the file the installer writes there)."""
     root, ovs = lab.root, lab.ovs_root
+    kubelet, containerd = lab.kubelet_root, os.path.dirname(lab.containerd_socket)
     return {
         "/opt/cni/bin": lab.cni_bin_dir, "/opt/tenantnet": f"{root}/tenantnet", "/etc/tenantnet": ovs,
         "/var/lib/tenantnet": f"{ovs}/state", "/var/log/tenantnet": f"{ovs}/log", "/run/openvswitch": ovs,
         "/var/log/openvswitch": ovs, "/var/run/netns": f"{root}/{NETNS_DIR}",
         "/var/run/k8s.cni.cncf.io/devinfo": f"{ovs}/devinfo", "/run/tenantnet": f"{ovs}/run",
         "/var/lib/cni": f"{root}/cni/state", "/sys": "/sys",
+        # DRA: the lab kubelet's root dir (--root-dir), the lab containerd's NRI socket and CDI dirs
+        "/var/lib/kubelet": kubelet, "/var/lib/kubelet/plugins_registry": f"{kubelet}/plugins_registry",
+        "/var/lib/kubelet/plugins/tenantnet.io": f"{kubelet}/plugins/tenantnet.io",
+        "/var/run/nri": f"{containerd}/nri", "/var/run/cdi": f"{containerd}/cdi",
     }
+
+
+# The node config's keys naming what the DaemonSet's DRA mounts hold, and their defaults
+# (nodeconfig.NodeConfig): written with the lab's paths even while `dra` is off, so that a
+# `dra: true` never makes a lab agent reach for the host's own kubelet or containerd.
+DRA_PATH_KEYS = {"kubeletRootDir": "/var/lib/kubelet", "nriSocket": "/var/run/nri/nri.sock",
+                 "cdiDir": "/var/run/cdi"}
 
 
 def _moved(value: str, paths: dict[str, str]) -> str:
@@ -326,7 +340,10 @@ def node_config(lab: Any) -> str:
         if key == "metricsPort":
             line = "metricsPort: 0"
         lines.append(line)
+    given = {line.partition(":")[0] for line in lines if not line.startswith("#")}
     lines += ["# the lab (tenantnet/lab/kubedeploy.py): Kubernetes mode on its one node", "kubernetes: true"]
+    lines += [f"{key}: {_moved(default, paths)}" for key, default in DRA_PATH_KEYS.items()
+              if key not in given]
     return "\n".join(lines) + "\n"
 
 

@@ -187,3 +187,54 @@ def test_two_tenants_through_the_installed_plugin_and_agent(deployed: Deployed) 
     gone = subprocess.run([CTL, "--node-config", lab.node_config, "ls", "--json"], capture_output=True,
                           text=True, check=True, timeout=60).stdout
     assert json.loads(gone) == [], gone
+
+
+def test_the_agent_has_the_dra_mounts_at_the_lab_kubelets_and_containerds_paths(deployed: Deployed) -> None:
+    """DRA stays off here (the plain lab has no VFs to publish, and the DRA e2e runs an agent
+    of its own as the driver on this kubelet): the DaemonSet's DRA mounts are checked to be
+    the lab kubelet's and containerd's directories themselves, at the same paths in the
+    agent's container as on the host, as the node config names them."""
+    lab = deployed.lab
+    written = yaml.safe_load(Path(lab.node_config).read_text())
+    containerd = os.path.dirname(lab.containerd_socket)
+    assert (written["kubeletRootDir"], written["nriSocket"], written["cdiDir"]) == \
+        (lab.kubelet_root, f"{containerd}/nri/nri.sock", f"{containerd}/cdi"), written
+    assert written.get("dra", False) is False and deployed.agent_status()["dra"] is None
+    ds = deployed.pod("tenantnet")
+    volumes = {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["volumes"] if "hostPath" in v}
+    [agent] = [c for c in ds["spec"]["containers"] if c["name"] == "agent"]
+    mounts = {m["mountPath"]: volumes[m["name"]] for m in agent["volumeMounts"] if m["name"] in volumes}
+    wanted = [f"{lab.kubelet_root}/plugins_registry", f"{lab.kubelet_root}/plugins/tenantnet.io",
+              f"{containerd}/nri", f"{containerd}/cdi"]
+    for path in wanted:
+        assert mounts.get(path) == path, (path, mounts)
+    # The same directories, not empty ones of the container's: their inodes as the host has them
+    # (the lab image's busybox; packaging/Containerfile's image has coreutils' stat).
+    out = deployed.kubectl("-n", "kube-system", "exec", ds["metadata"]["name"], "-c", "agent", "--",
+                           "/bin/busybox", "stat", "-c", "%i %n", *wanted)
+    seen = {name: int(inode) for inode, name in (line.split(" ", 1) for line in out.splitlines())}
+    assert seen == {path: os.stat(path).st_ino for path in wanted}, out
+
+
+def test_doctor_dra_checks_on_the_lab_node_with_the_packaged_rbac(deployed: Deployed, tmp_path: Path) -> None:
+    """`tenantnetctl doctor` with the deployed node config plus `dra: true` (the agent keeps
+    running without it): the real kubelet's root dir and containerd's NRI socket and CDI dir
+    pass, the packaged RBAC grants the DRA driver's access (SelfSubjectAccessReviews answered
+    by the real API server, resourceclaims/driver's associated-node:patch included), and the
+    running agent is named as not being the driver."""
+    lab = deployed.lab
+    node = tmp_path / "tenantnet.yaml"
+    node.write_text(Path(lab.node_config).read_text() + "dra: true\n")
+    env = {"PATH": f"{Path(lab.kubectl).parent}{os.pathsep}/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path)}
+    run = subprocess.run([CTL, "doctor", "--node-config", str(node), "--kubeconfig", lab.kubeconfig,
+                          "--cni-conf-dir", lab.cni_conf_dir, "--cni-bin-dir", lab.cni_bin_dir, "--json"],
+                         capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert run.stderr == "", run.stderr
+    checks = {c["name"]: c for c in json.loads(run.stdout)["checks"]}
+    for name in ("DRA plugins_registry", "DRA CDI dir", "RBAC agent DRA"):
+        assert checks[name]["status"] == "PASS", checks[name]
+    assert "associated-node:patch resourceclaims.resource.k8s.io/driver named tenantnet.io" in \
+        checks["RBAC agent DRA"]["detail"]
+    registration = checks["DRA registration"]
+    assert registration["status"] == "FAIL" and "runs without DRA" in registration["detail"], registration
+    assert checks["DRA NRI"]["status"] == "SKIP", checks["DRA NRI"]  # the socket is there, no driver to ask
