@@ -29,7 +29,14 @@ same for operators):
 - the device-info directory is a directory (not a symlink);
 - with a kubeconfig: the NetworkAttachmentDefinition CRD and tenantnet's TenantNetwork CRD are
   established, and the agent's and renderer's ServiceAccounts may do what they must
-  (SelfSubjectAccessReviews, as them).
+  (SelfSubjectAccessReviews, as them);
+- with `dra: true` (docs/dra.md): the kubelet's `plugins_registry` is there under
+  `kubeletRootDir` (in a running kubelet's root dir), the agent is the driver and the kubelet
+  registered it (else the kubelet's refusal), containerd's NRI socket is there and the agent is
+  connected to it, `cdiDir` takes a new file, and (with a kubeconfig) the agent's
+  ServiceAccount may write ResourceSlices, read claims and write their status and devices.
+
+The agent's STATUS is asked once and shared by the agent and DRA families.
 """
 
 from __future__ import annotations
@@ -98,6 +105,46 @@ def warned(name: str, detail: str, fix: str) -> Check:
 
 def skipped(name: str, reason: str) -> Check:
     return Check(name, Status.SKIP, reason)
+
+
+@dataclass(frozen=True)
+class Access:
+    """One question of a SelfSubjectAccessReview: may the ServiceAccount `verb` this?"""
+
+    verb: str
+    group: str
+    resource: str
+    subresource: str = ""
+    name: str = ""
+
+    @property
+    def kind(self) -> str:
+        """As kubectl's --resource writes it: resource[.group][/subresource]."""
+        text = f"{self.resource}.{self.group}" if self.group else self.resource
+        return f"{text}/{self.subresource}" if self.subresource else text
+
+    def __str__(self) -> str:
+        return f"{self.verb} {self.kind}" + (f" named {self.name}" if self.name else "")
+
+    def review(self) -> dict[str, Any]:
+        attrs = {"verb": self.verb, "group": self.group, "resource": self.resource}
+        attrs |= {"subresource": self.subresource} if self.subresource else {}
+        attrs |= {"name": self.name} if self.name else {}
+        return {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": attrs}}
+
+
+# What the DRA driver does with the API (tenantnet/kube/slices.py, dra.py; packaging/rbac.yaml):
+# its node's ResourceSlices, the claims it prepares, their status — and, since Kubernetes 1.36,
+# the claim's status.devices entries of its own driver, on claims allocated on its own node.
+DRA_ACCESS = (Access("list", "resource.k8s.io", "resourceslices"),
+              Access("create", "resource.k8s.io", "resourceslices"),
+              Access("delete", "resource.k8s.io", "resourceslices"),
+              Access("get", "resource.k8s.io", "resourceclaims"),
+              Access("patch", "resource.k8s.io", "resourceclaims", "status"),
+              Access("associated-node:patch", "resource.k8s.io", "resourceclaims", "driver", "tenantnet.io"))
+# containerd's NRI section, for the fix lines
+NRI_SECTION = "[plugins.'io.containerd.nri.v1.nri']"
 
 
 @dataclass
@@ -186,6 +233,9 @@ class Doctor:
         self.policy_problem = ""  # why the tenancy policy is (its networks are then unknown)
         self._kube: kubeclient.KubeApi | None = None
         self._kube_problem = ""
+        # The agent's STATUS, asked once for the agent and DRA families (whichever comes first).
+        self._status_lock = threading.Lock()
+        self._status: tuple[int, dict[str, Any]] | Exception | None = None
 
     # -- the node config: first, alone; everything else reads it ---------------------------
     def load_node(self) -> list[Check]:
@@ -230,7 +280,8 @@ class Doctor:
                 ("OVS", self.check_ovs), ("SR-IOV", self.check_sriov),
                 ("pod-resources", self.check_pod_resources), ("device plugin", self.check_device_plugin),
                 ("etcd", self.check_etcd),
-                ("device-info dir", self.check_device_info_dir), ("Kubernetes API", self.check_kubernetes)]
+                ("device-info dir", self.check_device_info_dir), ("Kubernetes API", self.check_kubernetes),
+                ("DRA", self.check_dra)]
 
     def run(self) -> list[Check]:
         checks = self.load_node()
@@ -428,7 +479,7 @@ class Doctor:
         if _lstat(path) is None:
             return [warned("agent", f"no agent socket at {path}: plugin calls run in-process (slower)", run)]
         try:
-            uid, report = agent_status(path, self.opts.timeout)
+            uid, report = self.agent_report()
         except (shim.AgentUnavailable, shim.AgentFailed) as exc:
             return [failed("agent", str(exc),
                            f"restart the agent ({run}); `tenantnetctl agent status` says more")]
@@ -440,6 +491,19 @@ class Doctor:
                            "restart the agent pod (its liveness probe, `agent status`, should have)")]
         return [passed("agent", f"pid {report.get('pid')} (root) answers on {path}, "
                                 f"up {report.get('uptimeS')}s, served {report.get('served')}")]
+
+    def agent_report(self) -> tuple[int, dict[str, Any]]:
+        """`agent_status` of the node config's socket, asked once (the other family waits for
+        it, within the same probe's time-out)."""
+        with self._status_lock:
+            if self._status is None:
+                try:
+                    self._status = agent_status(self.node.agent_socket, self.opts.timeout)
+                except Exception as exc:  # kept, raised again for each family that asks
+                    self._status = exc
+            if isinstance(self._status, Exception):
+                raise self._status
+            return self._status
 
     # -- OVS ------------------------------------------------------------------------------
     def declared_bridges(self) -> dict[tuple[str, str], list[str]]:
@@ -696,6 +760,8 @@ class Doctor:
 
     def check_kubernetes(self) -> list[Check]:
         names = ["NAD CRD", "TenantNetwork CRD", "RBAC agent", "RBAC renderer"]
+        if self.node is not None and self.node.dra:
+            names.append("RBAC agent DRA")
         api = self.kube()
         if api is None:
             return [skipped(n, self._kube_problem) for n in names]
@@ -717,6 +783,8 @@ class Doctor:
         checks.append(self._rbac(api, "RBAC renderer", renderer, [
             ("create", "k8s.cni.cncf.io", "network-attachment-definitions"), ("list", "", "nodes"),
             ("watch", "", "nodes")]))
+        if "RBAC agent DRA" in names:
+            checks.append(self._rbac_dra(api, agent))
         return checks
 
     @staticmethod
@@ -775,6 +843,167 @@ class Doctor:
                       f"kubectl create clusterrole {role} --verb={','.join(verbs)} "
                       f"--resource={','.join(resources)} && kubectl create clusterrolebinding {role} "
                       f"--clusterrole={role} --serviceaccount={sa[0]}:{sa[1]}")
+
+
+    @staticmethod
+    def _rbac_dra(api: kubeclient.KubeApi, sa: tuple[str, str]) -> Check:
+        """The DRA driver's API access, asked as the agent's ServiceAccount. The grant printed
+        is one ClusterRole per verb (and resource name): exactly the access denied, never a
+        verb on every resource named."""
+        name = "RBAC agent DRA"
+        who = kubeclient.Identity.service_account(*sa)
+        denied: list[Access] = []
+        for access in DRA_ACCESS:
+            try:
+                answer = api.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", access.review(),
+                                  who)
+            except KubeUnavailable as exc:
+                return skipped(name, f"{exc} ({api.source})")
+            if answer.status == 403:
+                return skipped(name, f"cannot ask as {who.user}: {answer.text[:200]} (give a kubeconfig "
+                                     "whose user may impersonate ServiceAccounts, e.g. the cluster admin's)")
+            if answer.status not in (200, 201):
+                return skipped(name, f"the API server answered {answer.status}: {answer.text[:200]}")
+            if not (answer.body.get("status") or {}).get("allowed"):
+                denied.append(access)
+        sa_text = f"{sa[0]}/{sa[1]}"
+        if not denied:
+            return passed(name, f"ServiceAccount {sa_text} may {', '.join(map(str, DRA_ACCESS))}")
+        groups: dict[tuple[str, str], list[str]] = {}
+        for access in denied:
+            groups.setdefault((access.verb, access.name), []).append(access.kind)
+        commands = []
+        for (verb, resource_name), kinds in groups.items():
+            role = "tenantnet-agent-dra-" + re.sub(r"[^a-z0-9-]", "-", verb)
+            named = f" --resource-name={resource_name}" if resource_name else ""
+            commands += [f"kubectl create clusterrole {role} --verb={verb} --resource={','.join(kinds)}"
+                         f"{named}",
+                         f"kubectl create clusterrolebinding {role} --clusterrole={role} "
+                         f"--serviceaccount={sa[0]}:{sa[1]}"]
+        return failed(name, f"ServiceAccount {sa_text} may not {', '.join(map(str, denied))} "
+                            "(the DRA driver tenantnet.io needs it: packaging/rbac.yaml grants it)",
+                      " && ".join(commands))
+
+    # -- DRA ------------------------------------------------------------------------------
+    def check_dra(self) -> list[Check]:
+        """With `dra: true`: what the agent needs to be the node's DRA driver (module doc)."""
+        if self.node is None:
+            return [skipped("DRA", self.node_problem)]
+        if not self.node.dra:
+            return [skipped("DRA", "dra is off in the node config (docs/dra.md)")]
+        dra, why = self._agent_dra()
+        return [self._plugins_registry(), self._dra_registration(dra, why), self._nri(dra, why),
+                self._cdi_dir()]
+
+    def _agent_dra(self) -> tuple[dict[str, Any] | None, Check | None]:
+        """The `dra` part of the agent's STATUS, or the Check that says why there is none."""
+        from tenantnet.entry import shim
+
+        name = "DRA registration"
+        path = self.node.agent_socket
+        restart = ("kubectl -n kube-system rollout restart daemonset/tenantnet (or restart tenantnetctl "
+                   "agent run)")
+        if _lstat(path) is None:
+            return None, failed(name, f"no agent socket at {path}: nothing serves the DRA driver "
+                                      "tenantnet.io",
+                                "run the DaemonSet's agent container (tenantnetctl agent run)")
+        try:
+            uid, report = self.agent_report()
+        except (shim.AgentUnavailable, shim.AgentFailed) as exc:
+            return None, skipped(name, f"the agent does not answer (the agent line says more): {exc}")
+        if uid != 0:
+            return None, skipped(name, f"{path} is served by uid {uid}, not root (the agent line says more)")
+        dra = report.get("dra")
+        if not isinstance(dra, dict):
+            return None, failed(name, f"the agent (pid {report.get('pid')}) runs without DRA: it was started "
+                                      f"before dra: true or with another node config "
+                                      f"({report.get('nodeConfig') or '?'})", f"restart the agent: {restart}")
+        return dra, None
+
+    def _plugins_registry(self) -> Check:
+        name = "DRA plugins_registry"
+        root = self.node.kubelet_root_dir
+        path = os.path.join(root, "plugins_registry")
+        fix = (f"set the node config's kubeletRootDir to the kubelet's --root-dir (now {root}), and the "
+               "DaemonSet's kubelet hostPaths (plugins_registry, plugins/tenantnet.io) with it")
+        check = _directory(name, path, fix)
+        if check.status != Status.PASS:
+            return check
+        # The kubelet makes pods/ beside plugins_registry/ at its start; a plugins_registry
+        # alone was made by someone else (a hostPath of type DirectoryOrCreate, the agent).
+        if _lstat(os.path.join(root, "pods")) is None:
+            return failed(name, f"{path} exists but {root} has no pods/: not a running kubelet's root dir "
+                                "(the kubelet would never see the driver's registration socket)", fix)
+        return passed(name, f"{path} is a directory (the kubelet watches it for plugins)")
+
+    def _dra_registration(self, dra: dict[str, Any] | None, why: Check | None) -> Check:
+        name = "DRA registration"
+        if dra is None:
+            assert why is not None
+            return why
+        from tenantnet.plugin.draclaims import DRIVER
+
+        root = self.node.kubelet_root_dir
+        registration = os.path.join(root, "plugins_registry", f"{DRIVER}-reg.sock")
+        if dra.get("registered"):
+            return passed(name, f"the kubelet registered the driver {DRIVER} ({registration})")
+        error = dra.get("registrationError")
+        if error:
+            return failed(name, f"the kubelet refused the driver {DRIVER}: {error}",
+                          "run a kubelet serving DRA v1 (Kubernetes 1.34 or later); the kubelet's log names "
+                          "the refusal")
+        return failed(name, f"the kubelet has not registered the driver {DRIVER}: it never called "
+                            f"{registration}",
+                      f"set the node config's kubeletRootDir to the kubelet's --root-dir (now {root}), mount "
+                      "it at the same path in the agent's container (packaging/daemonset.yaml), and restart "
+                      "the agent")
+
+    def _nri(self, dra: dict[str, Any] | None, why: Check | None) -> Check:
+        name = "DRA NRI"
+        path = self.node.nri_socket
+        st = _lstat(path)
+        if st is None or not stat.S_ISSOCK(st.st_mode):
+            found = "nothing" if st is None else "something that is not a socket"
+            return failed(name, f"{found} at {path} (nriSocket): containerd's NRI is disabled or listens "
+                                "elsewhere, so pods would start without their DRA devices",
+                          f"enable NRI in containerd's config ({NRI_SECTION} disable = false, "
+                          f"plugin_request_timeout = '15s') and restart containerd, or set the node config's "
+                          f"nriSocket to its socket_path (now {path})")
+        if dra is None:
+            return skipped(name, f"{path} is a socket; whether the agent is connected cannot be told "
+                                 f"({why.detail if why else 'no DRA report'})")
+        if not dra.get("nriConnected"):
+            return failed(name, f"{path} is a socket but the agent is not connected to it: pods would start "
+                                "without their DRA devices",
+                          f"check containerd's {NRI_SECTION}: disable = false, disable_connections = false, "
+                          f"socket_path = the node config's nriSocket ({path}); the agent's log (nri.*) says "
+                          "why it cannot connect")
+        return passed(name, f"the agent is connected to containerd's NRI at {path}")
+
+    def _cdi_dir(self) -> Check:
+        name = "DRA CDI dir"
+        path = self.node.cdi_dir
+        check = _directory(name, path, f"mkdir -p {path}, or set the node config's cdiDir to one of "
+                                       "containerd's cdi_spec_dirs (default /etc/cdi, /var/run/cdi)")
+        if check.status != Status.PASS:
+            return check
+        # A file made and removed: what the agent does at prepare (as root). A dot-name
+        # without .json/.yaml, which containerd's CDI cache never reads.
+        probe = os.path.join(path, f".tenantnet-doctor-{os.getpid()}-{threading.get_ident()}")
+        try:
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            if os.geteuid() != 0:
+                return skipped(name, f"cannot create a file in {path} as uid {os.geteuid()} "
+                                     f"({exc.strerror}); the agent writes there as root: run the doctor "
+                                     "as root")
+            return failed(name, f"cannot create a file in {path}: {exc.strerror or exc} (the agent writes "
+                                "each claim's CDI spec there)",
+                          f"make {path} writable (a read-only mount?), or set the node config's cdiDir to a "
+                          "writable one of containerd's cdi_spec_dirs")
+        os.close(fd)
+        os.unlink(probe)
+        return passed(name, f"{path} is a directory the agent can write CDI specs into")
 
 
 def agent_status(path: str, timeout: float) -> tuple[int, dict[str, Any]]:
@@ -857,7 +1086,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "doctor", help="is this node ready for tenantnet? each check PASS/FAIL with its fix",
         description="Check this node's readiness for tenantnet: Multus, the CNI dirs, tenantnet's "
                     "executables, the agent, OVS and its bridges, SR-IOV PFs, pod-resources, etcd, "
-                    "the device-info dir, and (with a kubeconfig) the CRDs and RBAC.",
+                    "the device-info dir, (with a kubeconfig) the CRDs and RBAC, and with dra: true "
+                    "the DRA driver's kubelet registration, NRI connection, CDI dir and RBAC.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     # SUPPRESS: given here or before `doctor` (tenantnetctl's own --node-config), either works.
     p.add_argument("--node-config", metavar="PATH", default=argparse.SUPPRESS,

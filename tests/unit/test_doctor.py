@@ -117,8 +117,9 @@ class FakeOvsdb:
 
 @dataclass
 class FakeAgent:
-    report: dict[str, Any] = field(default_factory=lambda: {"pid": 4242, "uptimeS": 12, "served": 3,
-                                                            "oldestRunningS": 0})
+    report: dict[str, Any] = field(default_factory=lambda: {
+        "pid": 4242, "uptimeS": 12, "served": 3, "oldestRunningS": 0,
+        "dra": {"registered": True, "registrationError": "", "nriConnected": True, "claims": []}})
     asked: list[str] = field(default_factory=list)
 
     def serve(self, conn: socket.socket) -> None:
@@ -244,6 +245,8 @@ class FakeApi:
                     return
                 attrs = review["spec"]["resourceAttributes"]
                 resource = f"{attrs['resource']}.{attrs['group']}" if attrs["group"] else attrs["resource"]
+                resource += f"/{attrs['subresource']}" if attrs.get("subresource") else ""
+                resource += f" named {attrs['name']}" if attrs.get("name") else ""
                 allowed = (user, attrs["verb"], resource) in api.allowed
                 self.reply(201, {**review, "status": {"allowed": allowed}})
 
@@ -254,7 +257,8 @@ AGENT_SA = "system:serviceaccount:kube-system:tenantnet"
 RENDERER_SA = "system:serviceaccount:kube-system:tenantnet-renderer"  # packaging/rbac.yaml's
 ALL_ALLOWED = {(AGENT_SA, v, r) for v in ("list", "watch") for r in ("tenantnetworks.tenantnet.io", "namespaces")} \
     | {(AGENT_SA, "patch", "nodes")} | {(RENDERER_SA, v, "nodes") for v in ("list", "watch")} \
-    | {(RENDERER_SA, "create", "network-attachment-definitions.k8s.cni.cncf.io")}
+    | {(RENDERER_SA, "create", "network-attachment-definitions.k8s.cni.cncf.io")} \
+    | {(AGENT_SA, a.verb, str(a).removeprefix(f"{a.verb} ")) for a in doctor.DRA_ACCESS}
 
 
 def kubeconfig(path: Path, server: str) -> Path:
@@ -339,6 +343,10 @@ def node(tmp_path: Path) -> Iterator[Node]:
     (short / "pod-resources").mkdir()
     servers.append(labkubelet.start(short / "pod-resources" / "kubelet.sock", short / "pods.json"))
     (short / "device-plugins").mkdir()  # the kubelet's root is `short`: its checkpoint names a resource
+    for d in ("pods", "plugins_registry"):  # what the kubelet makes at its start
+        (short / d).mkdir()
+    (tmp_path / "cdi").mkdir()
+    servers.append(Server(str(short / "nri.sock"), lambda conn: None))  # containerd's NRI socket
     (short / "device-plugins" / "kubelet_internal_checkpoint").write_text(json.dumps(
         {"Data": {"PodDeviceEntries": None, "RegisteredDevices": {"example.com/rail": ["0000:3b:00.2"]}},
          "Checksum": 1}))
@@ -353,6 +361,8 @@ def node(tmp_path: Path) -> Iterator[Node]:
         "podResourcesSocket": str(short / "pod-resources" / "kubelet.sock"), "deviceInfoDir": str(tmp_path / "devinfo" / "cni"),
         "etcdEndpoints": [etcd.url], "etcdTimeout": 2, "nodeName": "node-1",
         "prewarmBridges": ["br-t"], "tenancy": POLICY,
+        "kubernetes": True, "dra": True, "kubeletRootDir": str(short), "nriSocket": str(short / "nri.sock"),
+        "cdiDir": str(tmp_path / "cdi"),
     }
     opts = Options(node_config=str(tmp_path / "tenantnet.yaml"), kubeconfig=str(kubeconfig(tmp_path / "kc", kube.url)),
                    cni_conf_dir=str(conf_dir), cni_bin_dir=str(bin_dir), timeout=2, kube_client="builtin",
@@ -380,11 +390,13 @@ def test_a_healthy_node_passes_every_check(node: Node) -> None:
     etcd = f"etcd {node.config['etcdEndpoints'][0]}"
     assert set(checks) - set(HEALTHY) == {db, "bridge br-t", "bridge br-off", "OVS hw-offload", "PF lpf0",
                                           "eswitch lpf0", "pod-resources", "device plugin", etcd, "device-info dir", "NAD CRD",
-                                          "TenantNetwork CRD", "RBAC agent", "RBAC renderer"}
+                                          "TenantNetwork CRD", "RBAC agent", "RBAC renderer", "RBAC agent DRA",
+                                          "DRA plugins_registry", "DRA registration", "DRA NRI", "DRA CDI dir"}
     assert "thin" in checks["Multus config"].detail and "v4.3.0" in checks["Multus version"].detail
     assert "0000:3b:00.0, 2 VFs" in checks["PF lpf0"].detail
     assert "pid 4242 (root)" in checks["agent"].detail
-    assert node.agent.asked == [STATUS_OP]
+    assert node.agent.asked == [STATUS_OP]  # once, for the agent and the DRA checks
+    assert os.listdir(node.config["cdiDir"]) == []  # the write probe left nothing
     # The RBAC questions were asked as each ServiceAccount, with its groups.
     posts = [s for s in node.api.seen if s["method"] == "POST"]
     assert posts and {s["user"] for s in posts} == {AGENT_SA, RENDERER_SA}
@@ -768,6 +780,116 @@ def test_through_kubectl(node: Node) -> None:
     posts = [s for s in node.api.seen if s["method"] == "POST"]
     assert posts and all(s["user"] in (AGENT_SA, RENDERER_SA) and "system:serviceaccounts" in s["groups"]
                          for s in posts)
+
+
+# ---- DRA ---------------------------------------------------------------------------------------
+
+def test_dra_off_is_one_skip_saying_so(node: Node) -> None:
+    node.write_config(dra=None)
+    checks = node.run()
+    assert checks["DRA"].status == Status.SKIP and "dra is off" in checks["DRA"].detail
+    assert not [n for n in checks if n.startswith("DRA ") or n == "RBAC agent DRA"]
+
+
+def test_no_plugins_registry_fails_naming_kubelet_root_dir(node: Node) -> None:
+    root = Path(node.config["kubeletRootDir"])
+    (root / "plugins_registry").rmdir()
+    c = fails(node.run(), "DRA plugins_registry", "kubeletRootDir", str(root), "hostPaths")
+    assert f"{root}/plugins_registry does not exist" in c.detail
+
+
+def test_a_plugins_registry_outside_a_kubelets_root_dir_fails(node: Node) -> None:
+    # What a DaemonSet's DirectoryOrCreate leaves where the kubelet keeps no root dir.
+    (Path(node.config["kubeletRootDir"]) / "pods").rmdir()
+    c = fails(node.run(), "DRA plugins_registry", "kubeletRootDir")
+    assert "no pods/" in c.detail and "not a running kubelet's root dir" in c.detail
+
+
+def test_a_refused_registration_fails_with_the_kubelets_reason(node: Node) -> None:
+    node.agent.report["dra"] = {"registered": False, "nriConnected": True,
+                                "registrationError": "no supported DRA gRPC API is implemented"}
+    c = fails(node.run(), "DRA registration", "Kubernetes 1.34")
+    assert "refused the driver tenantnet.io: no supported DRA gRPC API is implemented" in c.detail
+
+
+def test_a_registration_the_kubelet_never_made_fails_naming_kubelet_root_dir(node: Node) -> None:
+    node.agent.report["dra"] = {"registered": False, "registrationError": "", "nriConnected": True}
+    c = fails(node.run(), "DRA registration", "kubeletRootDir", "packaging/daemonset.yaml")
+    assert f"never called {node.config['kubeletRootDir']}/plugins_registry/tenantnet.io-reg.sock" in c.detail
+
+
+def test_an_agent_without_dra_fails_with_its_restart(node: Node) -> None:
+    del node.agent.report["dra"]
+    c = fails(node.run(), "DRA registration", "rollout restart daemonset/tenantnet")
+    assert "runs without DRA" in c.detail
+    # and the NRI connection cannot be told from it
+    assert node.run()["DRA NRI"].status == Status.SKIP
+
+
+def test_no_agent_fails_dra_registration_but_only_warns_for_cni(node: Node) -> None:
+    Path(node.config["agentSocket"]).unlink()
+    checks = node.run()
+    fails(checks, "DRA registration", "agent run")
+    assert checks["agent"].status == Status.WARN
+    assert checks["DRA NRI"].status == Status.SKIP and "nothing serves" in checks["DRA NRI"].detail
+
+
+def test_no_nri_socket_fails_naming_containerds_nri_and_the_key(node: Node) -> None:
+    Path(node.config["nriSocket"]).unlink()
+    c = fails(node.run(), "DRA NRI", "io.containerd.nri.v1.nri", "disable = false",
+              "plugin_request_timeout = '15s'", "nriSocket")
+    assert f"nothing at {node.config['nriSocket']}" in c.detail
+
+
+def test_an_agent_not_connected_to_nri_fails(node: Node) -> None:
+    node.agent.report["dra"]["nriConnected"] = False
+    c = fails(node.run(), "DRA NRI", "io.containerd.nri.v1.nri", "socket_path", "nriSocket")
+    assert "not connected" in c.detail
+
+
+def test_a_cdi_dir_missing_or_a_file_fails(node: Node) -> None:
+    cdi = Path(node.config["cdiDir"])
+    cdi.rmdir()
+    c = fails(node.run(), "DRA CDI dir", "cdiDir", "cdi_spec_dirs")
+    assert f"{cdi} does not exist" in c.detail
+    cdi.write_text("")
+    c = fails(node.run(), "DRA CDI dir", "cdiDir")
+    assert "not a directory" in c.detail
+
+
+def test_a_cdi_dir_that_takes_no_file_fails(node: Node) -> None:
+    # procfs: a directory in which even root cannot create a file.
+    node.write_config(cdiDir="/proc/1")
+    c = fails(node.run(), "DRA CDI dir", "writable", "cdiDir")
+    assert "cannot create a file in /proc/1" in c.detail
+
+
+def test_dra_rbac_asks_subresources_and_the_drivers_name_and_grants_exactly_what_is_denied(node: Node) -> None:
+    for access in (doctor.Access("associated-node:patch", "resource.k8s.io", "resourceclaims", "driver",
+                                 "tenantnet.io"),
+                   doctor.Access("patch", "resource.k8s.io", "resourceclaims", "status")):
+        node.api.allowed.discard((AGENT_SA, access.verb, str(access).removeprefix(f"{access.verb} ")))
+    c = fails(node.run(), "RBAC agent DRA", "--serviceaccount=kube-system:tenantnet")
+    assert c.detail.startswith("ServiceAccount kube-system/tenantnet may not patch "
+                               "resourceclaims.resource.k8s.io/status, associated-node:patch "
+                               "resourceclaims.resource.k8s.io/driver named tenantnet.io"), c.detail
+    assert c.fix.split(" && ") == [
+        "kubectl create clusterrole tenantnet-agent-dra-patch --verb=patch "
+        "--resource=resourceclaims.resource.k8s.io/status",
+        "kubectl create clusterrolebinding tenantnet-agent-dra-patch --clusterrole=tenantnet-agent-dra-patch "
+        "--serviceaccount=kube-system:tenantnet",
+        "kubectl create clusterrole tenantnet-agent-dra-associated-node-patch --verb=associated-node:patch "
+        "--resource=resourceclaims.resource.k8s.io/driver --resource-name=tenantnet.io",
+        "kubectl create clusterrolebinding tenantnet-agent-dra-associated-node-patch "
+        "--clusterrole=tenantnet-agent-dra-associated-node-patch --serviceaccount=kube-system:tenantnet"]
+    assert checks_ok_without_dra(node)
+
+
+def checks_ok_without_dra(node: Node) -> bool:
+    """With dra off, the DRA RBAC is not asked (its denial FAILs nothing)."""
+    node.write_config(dra=None)
+    checks = node.run()
+    return "RBAC agent DRA" not in checks and doctor.exit_code(list(checks.values())) == 0
 
 
 # ---- bounds, output, the command line -----------------------------------------------------------
