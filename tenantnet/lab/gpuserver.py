@@ -93,10 +93,10 @@ def stop(root: str) -> bool:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:
         return False
+    from tenantnet.lab.ovs import has_exited
+
     for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if has_exited(pid):
             return True
         time.sleep(0.05)
     os.kill(pid, signal.SIGKILL)

@@ -19,7 +19,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from tenantnet.lab.ovs import LabError, daemon_pid, paths, run, vsctl
+from tenantnet.lab.ovs import LabError, daemon_pid, has_exited, paths, run, vsctl
 
 DEFAULT_ROOT = "/run/tenantnet-lab"
 DEFAULT_BRIDGE = "br-lab"
@@ -188,9 +188,7 @@ def _stop(root: str, daemon: str) -> None:
         return
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
+        if has_exited(pid):
             return
         time.sleep(0.02)
     os.kill(pid, signal.SIGKILL)

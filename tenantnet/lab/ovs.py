@@ -27,17 +27,24 @@ def paths(root: str) -> dict[str, str]:
     }
 
 
+def has_exited(pid: int) -> bool:
+    """Whether `pid` has ended: gone, or a zombie. A detached daemon's parent is pid 1, which
+    may reap it only seconds later (kill(pid, 0) succeeds on a zombie until then)."""
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            state = fh.read().rpartition(")")[2].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return state in ("Z", "X")
+
+
 def daemon_pid(root: str, daemon: str) -> int | None:
     try:
         with open(os.path.join(root, f"{daemon}.pid")) as fh:
             pid = int(fh.read().strip())
     except (OSError, ValueError):
         return None
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return None
-    return pid
+    return None if has_exited(pid) else pid
 
 
 def run(cmd: list[str], root: str, what: str) -> str:
