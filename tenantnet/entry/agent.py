@@ -325,6 +325,15 @@ class Agent:
 
     def stop(self) -> None:
         self._stop.set()
+        # Wake a blocked accept now (the listener's 0.5 s timeout is only the fallback): a
+        # connection to our own socket, which the loop closes unread. Safe in a signal
+        # handler: a unix connect completes in the backlog without anyone accepting it.
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as wake:
+                wake.setblocking(False)
+                wake.connect(self.socket_path)
+        except OSError:
+            pass
 
     def serve_forever(self) -> None:
         assert self._listener is not None
@@ -338,6 +347,9 @@ class Agent:
                     self.log.error("agent.accept_failed", error=str(exc))
                     time.sleep(0.05)
                     continue
+                if self._stop.is_set():  # stop()'s wake-up, or a caller racing the stop
+                    conn.close()
+                    break
                 self._admit(conn)
         finally:
             self._shutdown()
