@@ -350,13 +350,13 @@ def wait_until(predicate: Any, timeout: float = 15.0, interval: float = 0.2) -> 
 # The test that kills the lab's kubelet and containerd and takes the lab down runs last, so the
 # Kubernetes modules share one bring-up (a module after it would bring a new one up).
 KUBE_LAB_LAST = ("test_down_after_a_crash_leaves_nothing_behind",)
-# The DaemonSet's modules run after the other modules on the session's lab, just before that
+# The DaemonSet's module runs after the other modules on the session's lab, just before that
 # test. A kubelet started less than a probe's period ago first sleeps a random part of that
 # period before the probe's first run (pkg/kubelet/prober/worker.go), and the installer
 # container's readiness probe has periodSeconds 60 (packaging/daemonset.yaml): deployed right
 # after the bring-up, the rollout waited 0-60 s for it (4 to 57 s seen). Later,
 # the kubelet has run longer than that and the probe runs at once.
-DEPLOY_LATE = ("test_daemonset_kube.py", "test_daemonset_dra_kube.py")
+DEPLOY_LATE = ("test_daemonset_kube.py",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -9,7 +9,10 @@ bin dir; the agent and the renderer run under their ServiceAccounts; the real RB
 exactly what packaging/rbac.yaml says (`kubectl auth can-i --as`). Two tenants, a
 TenantNetwork each: their pods get net1 from Multus → the *installed* trampoline → the agent in
 the DaemonSet's pod (its served count), reach their own tenant's pods and not the other's even
-with a route across (only the VLAN separates them). On the session's lab (tests/e2e/conftest.py),
+with a route across (only the VLAN separates them). All of it with the ConfigMap's `dra: true`
+uncommented: the agent is the DRA driver through the DaemonSet's mounts alone (registered by the
+kubelet, connected to containerd's NRI, its node's slice published, every doctor DRA check
+passing, a new agent pod registering again). On the session's lab (tests/e2e/conftest.py),
 put back as it was afterwards; the crash test, last, checks `lab down` leaves nothing of it.
 
 Fails (never skips) without the Kubernetes binaries, as tests/e2e/test_kube_lab.py.
@@ -41,6 +44,7 @@ from tests.polling import poll
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
 AGENT_SA = "system:serviceaccount:kube-system:tenantnet"
 RENDERER_SA = "system:serviceaccount:kube-system:tenantnet-renderer"
+DRIVER = "tenantnet.io"
 
 
 @dataclass
@@ -70,13 +74,27 @@ def deployed(kube_session: Any) -> Iterator[Deployed]:
     for the modules after this one (kubedeploy.undeploy). The crash test, last, checks that
     `lab down` leaves nothing of it either."""
     lab = kube_session.lab().lab
-    done = kubedeploy.deploy(lab)
-    print(f"\nthe DaemonSet and the renderer ready {done['timings']}")
+    # DRA on: the ConfigMap's `dra: true` line (shipped commented out) uncommented, so the
+    # DaemonSet's agent is the DRA driver through its mounts alone — and everything else here
+    # runs with it on (the plain lab has no VFs: its slice is empty; the DRA e2e runs the
+    # driver with devices on a lab of its own).
+    packaged = kubedeploy.node_config
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(kubedeploy, "node_config", lambda lab: packaged(lab) + "dra: true\n")
+        done = kubedeploy.deploy(lab)
+    print(f"\nthe DaemonSet (dra: true) and the renderer ready {done['timings']}")
     try:
         yield Deployed(lab, done["image"], done["timings"])
     finally:
         if kube.status(lab.root).running:
             kubedeploy.undeploy(lab, done)
+            # The agent leaves its slices for the next agent to take over: none comes here.
+            kube.kubectl(lab, "delete", "resourceslices", "--ignore-not-found",
+                         f"--field-selector=spec.driver={DRIVER},spec.nodeName={lab.node_name}")
+            # Its pod gone, the agent took its sockets away (the kubelet deregistered it).
+            left = [p for p in (Path(lab.kubelet_root) / "plugins_registry" / f"{DRIVER}-reg.sock",
+                                Path(lab.kubelet_root) / "plugins" / DRIVER / "dra.sock") if os.path.lexists(p)]
+            assert left == [], left
 
 
 def test_the_daemonset_installed_the_plugin_and_runs_the_agent(deployed: Deployed) -> None:
@@ -189,17 +207,33 @@ def test_two_tenants_through_the_installed_plugin_and_agent(deployed: Deployed) 
     assert json.loads(gone) == [], gone
 
 
-def test_the_agent_has_the_dra_mounts_at_the_lab_kubelets_and_containerds_paths(deployed: Deployed) -> None:
-    """DRA stays off here (the plain lab has no VFs to publish, and the DRA e2e runs an agent
-    of its own as the driver on this kubelet): the DaemonSet's DRA mounts are checked to be
-    the lab kubelet's and containerd's directories themselves, at the same paths in the
-    agent's container as on the host, as the node config names them."""
+def test_the_daemonsets_agent_is_the_dra_driver_through_its_mounts(deployed: Deployed) -> None:
+    """The DaemonSet's DRA mounts are the lab kubelet's and containerd's directories themselves,
+    at the same paths in the agent's container as on the host, as the node config names them;
+    through them the lab's kubelet registered the driver, the agent is connected to containerd's
+    NRI socket, and it published its node's (empty: no VF on the plain lab) ResourceSlice with
+    its ServiceAccount's token; the pods of the tests above started with its NRI plugin in their
+    path and nothing failed."""
     lab = deployed.lab
     written = yaml.safe_load(Path(lab.node_config).read_text())
     containerd = os.path.dirname(lab.containerd_socket)
     assert (written["kubeletRootDir"], written["nriSocket"], written["cdiDir"]) == \
         (lab.kubelet_root, f"{containerd}/nri/nri.sock", f"{containerd}/cdi"), written
-    assert written.get("dra", False) is False and deployed.agent_status()["dra"] is None
+    assert written["dra"] is True
+
+    def dra() -> dict[str, Any]:
+        return deployed.agent_status()["dra"] or {}
+
+    assert poll(lambda: dra().get("registered") and dra().get("nriConnected"), 60, 0.5), dra()
+    assert dra()["registrationError"] == ""
+    assert (Path(lab.kubelet_root) / "plugins_registry" / f"{DRIVER}-reg.sock").is_socket()
+    assert (Path(lab.kubelet_root) / "plugins" / DRIVER / "dra.sock").is_socket()
+    assert poll(lambda: dra()["slices"]["writes"] >= 1, 60, 0.5), dra()
+    slices = json.loads(deployed.kubectl("get", "resourceslices", "-o", "json",
+                                         f"--field-selector=spec.driver={DRIVER},spec.nodeName={lab.node_name}"))
+    assert [s["spec"]["pool"]["name"] for s in slices["items"]] == [lab.node_name], slices
+    assert dra()["slices"]["devices"] == 0 and dra()["slices"]["failures"] == 0, dra()
+    assert dra()["attachFailed"] == 0 and dra()["claims"] == [], dra()
     ds = deployed.pod("tenantnet")
     volumes = {v["name"]: v["hostPath"]["path"] for v in ds["spec"]["volumes"] if "hostPath" in v}
     [agent] = [c for c in ds["spec"]["containers"] if c["name"] == "agent"]
@@ -216,25 +250,37 @@ def test_the_agent_has_the_dra_mounts_at_the_lab_kubelets_and_containerds_paths(
     assert seen == {path: os.stat(path).st_ino for path in wanted}, out
 
 
-def test_doctor_dra_checks_on_the_lab_node_with_the_packaged_rbac(deployed: Deployed, tmp_path: Path) -> None:
-    """`tenantnetctl doctor` with the deployed node config plus `dra: true` (the agent keeps
-    running without it): the real kubelet's root dir and containerd's NRI socket and CDI dir
-    pass, the packaged RBAC grants the DRA driver's access (SelfSubjectAccessReviews answered
-    by the real API server, resourceclaims/driver's associated-node:patch included), and the
-    running agent is named as not being the driver."""
+def test_doctor_passes_every_dra_check_with_the_packaged_rbac(deployed: Deployed, tmp_path: Path) -> None:
+    """`tenantnetctl doctor` on the deployed node: the real kubelet's root dir, its registration
+    of tenantnet.io, containerd's NRI socket and the agent's connection, the CDI dir, and the
+    packaged RBAC (SelfSubjectAccessReviews answered by the real API server, resourceclaims/
+    driver's associated-node:patch included)."""
     lab = deployed.lab
-    node = tmp_path / "tenantnet.yaml"
-    node.write_text(Path(lab.node_config).read_text() + "dra: true\n")
     env = {"PATH": f"{Path(lab.kubectl).parent}{os.pathsep}/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path)}
-    run = subprocess.run([CTL, "doctor", "--node-config", str(node), "--kubeconfig", lab.kubeconfig,
+    run = subprocess.run([CTL, "doctor", "--node-config", lab.node_config, "--kubeconfig", lab.kubeconfig,
                           "--cni-conf-dir", lab.cni_conf_dir, "--cni-bin-dir", lab.cni_bin_dir, "--json"],
                          capture_output=True, text=True, timeout=300, env=env, check=False)
     assert run.stderr == "", run.stderr
     checks = {c["name"]: c for c in json.loads(run.stdout)["checks"]}
-    for name in ("DRA plugins_registry", "DRA CDI dir", "RBAC agent DRA"):
+    for name in ("DRA plugins_registry", "DRA registration", "DRA NRI", "DRA CDI dir", "RBAC agent DRA"):
         assert checks[name]["status"] == "PASS", checks[name]
     assert "associated-node:patch resourceclaims.resource.k8s.io/driver named tenantnet.io" in \
         checks["RBAC agent DRA"]["detail"]
-    registration = checks["DRA registration"]
-    assert registration["status"] == "FAIL" and "runs without DRA" in registration["detail"], registration
-    assert checks["DRA NRI"]["status"] == "SKIP", checks["DRA NRI"]  # the socket is there, no driver to ask
+
+
+def test_a_new_agent_pod_registers_again(deployed: Deployed) -> None:
+    lab = deployed.lab
+    registration = Path(lab.kubelet_root) / "plugins_registry" / f"{DRIVER}-reg.sock"
+    before = (deployed.agent_status()["pid"], registration.stat().st_ino)
+    deployed.kubectl("-n", "kube-system", "delete", "pods", "-l", "app.kubernetes.io/name=tenantnet",
+                     "--wait=true", "--timeout=120s", timeout=150)
+
+    def registered_again() -> bool:
+        proc = subprocess.run([CTL, "agent", "status", "--json"], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, "TENANTNET_CONFIG": lab.node_config}, check=False)
+        status = json.loads(proc.stdout) if proc.returncode == 0 else {}
+        return bool(status and status["pid"] != before[0] and (status.get("dra") or {}).get("registered"))
+
+    # The DaemonSet's new pod: a new agent, its own registration socket, registered anew.
+    assert poll(registered_again, 120, 0.5)
+    assert registration.stat().st_ino != before[1]
