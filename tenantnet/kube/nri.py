@@ -455,10 +455,10 @@ class NriPlugin:
             raise ValueError(f"NRI plugin index {index!r}: two digits allowed (00..99)")
         if not name or any(not (c.isascii() and (c.isalnum() or c in "-_.+")) for c in name):
             raise ValueError(f"NRI plugin name {name!r}: letters, digits and -_.+ allowed")
-        if log is None:
-            import structlog
+        if log is None:  # the project's logger (its configured sink), not structlog's stdout default
+            from tenantnet.plugin import log as plog
 
-            log = structlog.get_logger("tenantnet.nri")
+            log = plog.get("tenantnet.kube.nri")
         self.socket_path = socket_path
         self.handler = handler
         self.name = name
