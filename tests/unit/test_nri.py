@@ -27,6 +27,14 @@ from tests.polling import poll
 WAIT = 10.0  # generous: these only bound a hang, they are not measured
 
 
+class _Quiet:
+    """A logger that says nothing: the disconnections these tests cause on purpose would
+    print from the plugin's thread after pytest stopped capturing."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
 class Recorder:
     """A handler recording its calls; `refuse`/`explode` make run_pod_sandbox fail."""
 
@@ -179,7 +187,7 @@ def env(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FakeRuntime, Recorder
     tmp = tempfile.mkdtemp(prefix="nri-", dir="/tmp")  # short: unix socket paths are 108 bytes at most
     runtime = FakeRuntime(str(Path(tmp) / "nri.sock"))
     handler = Recorder()
-    plugin = nri.NriPlugin(runtime.path, handler, name="tenantnet", index="50")
+    plugin = nri.NriPlugin(runtime.path, handler, name="tenantnet", index="50", log=_Quiet())
     try:
         yield runtime, handler, plugin
     finally:
