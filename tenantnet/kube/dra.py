@@ -384,7 +384,10 @@ class DraDriver:
             with self.store.lock(ref.uid):
                 rec = self.store.load(ref.uid)
                 if rec is None:
-                    self._remove_cdi(ref.uid)  # a crash between the record's removal and ... or nothing
+                    # Unprepared already (a retry), or never prepared here: nothing of ours is left
+                    # (the spec is written after the record and removed before it); removing a spec
+                    # of that name anyway costs one unlink.
+                    self._remove_cdi(ref.uid)
                     return ""
                 errors = self._detach(rec, [d for d in rec.devices if d.sandbox])
                 if errors:
