@@ -211,21 +211,7 @@ class Bench:
     def sa_kubeconfig(self, account: str, node_bound: bool) -> str:
         """A token of kube-system/<account>; the agent's bound to the lab's Node, as a DaemonSet
         pod's is (the packaged RBAC lets it write claim status only on its node's claims)."""
-        import yaml
-
-        admin = yaml.safe_load(Path(self.lab.kubeconfig).read_text())
-        bound = (["--bound-object-kind", "Node", "--bound-object-name", self.lab.node_name]
-                 if node_bound else [])
-        token = self.kubectl("create", "token", account, "-n", "kube-system", "--duration=2h", *bound).strip()
-        config = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
-                  "users": [{"name": account, "user": {"token": token}}],
-                  "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"],
-                                                             "user": account}}],
-                  "current-context": account}
-        path = self.work / f"{account}.kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return str(path)
+        return kube.service_account_kubeconfig(self.lab, account, self.work, bound_to_node=node_bound)
 
     def agent_status(self) -> dict[str, Any]:
         proc = subprocess.run([CTL, "--node-config", self.node_config, "agent", "status", "--json"],

@@ -170,19 +170,7 @@ class Bench:
             list(pool.map(lambda d: self.client.create(codecs.from_dict(d)), docs))
 
     def sa_kubeconfig(self, account: str) -> str:
-        import yaml
-
-        admin = yaml.safe_load(Path(self.lab.kubeconfig).read_text())
-        token = self.kubectl("create", "token", account, "-n", "kube-system", "--duration=2h").strip()
-        config = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
-                  "users": [{"name": account, "user": {"token": token}}],
-                  "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"],
-                                                             "user": account}}],
-                  "current-context": account}
-        path = self.work / f"{account}.kubeconfig"
-        path.write_text(yaml.safe_dump(config))
-        path.chmod(0o600)
-        return str(path)
+        return kube.service_account_kubeconfig(self.lab, account, self.work)
 
     def agent_requests(self) -> float:
         """Requests the API server dispatched for the agent's ServiceAccount (the bench's FlowSchema)."""

@@ -41,6 +41,7 @@ The Python API, for tests and for the parts of tenantnet built on the lab:
     lab.kubeconfig, lab.kubectl, lab.cni_bin_dir, lab.node_config, lab.images["busybox"]
     kube.kubectl(lab, "get", "nodes", "-o", "json")   # -> stdout; KubeError with stderr on failure
     kube.apply(lab, yaml_text)
+    kube.service_account_kubeconfig(lab, "tenantnet", directory, bound_to_node=True)  # -> its path
     kube.status("/run/tenantnet-kube")            # -> KubeLab (running False when it is not)
     kube.down("/run/tenantnet-kube")              # -> what was removed (idempotent)
     kube.other_labs("/run/tenantnet-kube")        # -> the metadata of other labs running beside it
@@ -254,6 +255,28 @@ def kubectl(lab: KubeLab, *args: str, timeout: float = 120, input: str | None = 
 
 def apply(lab: KubeLab, manifest: str) -> str:
     return kubectl(lab, "apply", "-f", "-", input=manifest)
+
+
+def service_account_kubeconfig(lab: KubeLab, account: str, directory: str | Path, *,
+                               bound_to_node: bool = False) -> str:
+    """A kubeconfig (0600, `<directory>/<account>.kubeconfig`) holding a 2-hour token of the
+    ServiceAccount kube-system/<account> against the lab's API server, so a process runs under
+    the packaged RBAC; `bound_to_node`: the token is bound to the lab's Node, as a DaemonSet
+    pod's token is (the RBAC's "associated-node" verbs need that). Its path."""
+    import yaml
+
+    admin = yaml.safe_load(Path(lab.kubeconfig).read_text())
+    bound = ["--bound-object-kind", "Node", "--bound-object-name", lab.node_name] if bound_to_node else []
+    token = kubectl(lab, "create", "token", account, "-n", "kube-system", "--duration=2h", *bound).strip()
+    config = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
+              "users": [{"name": account, "user": {"token": token}}],
+              "contexts": [{"name": account,
+                            "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
+              "current-context": account}
+    path = Path(directory) / f"{account}.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return str(path)
 
 
 def status(root: str) -> KubeLab:

@@ -82,22 +82,6 @@ class DraLab:
         return " | ".join(f"{e.get('reason')}: {e.get('message', '')}" for e in (got or {"items": []})["items"])
 
 
-def _service_account_kubeconfig(lab: kube.KubeLab, account: str) -> str:
-    """A token of kube-system/<account> bound to the lab's Node, as a DaemonSet pod's token is
-    (the packaged RBAC lets the agent write claim status only on its own node's claims)."""
-    admin = yaml.safe_load(Path(lab.kubeconfig).read_text())
-    token = kube.kubectl(lab, "create", "token", account, "-n", "kube-system", "--duration=2h",
-                         "--bound-object-kind", "Node", "--bound-object-name", lab.node_name).strip()
-    config = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
-              "users": [{"name": account, "user": {"token": token}}],
-              "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
-              "current-context": account}
-    path = Path(lab.root) / f"{account}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return str(path)
-
-
 def tenant_network(i: int, pf: str) -> dict[str, Any]:
     return {"apiVersion": "tenantnet.io/v1alpha1", "kind": "TenantNetwork", "metadata": {"name": f"rail-{i}"},
             "spec": {"tenants": ["team-a"], "fabric": {"mode": "sriov", "pfs": [pf]}, "vlan": 600 + i,
@@ -131,7 +115,7 @@ def dra() -> Iterator[DraLab]:
         text = Path(node_config).read_text()
         Path(node_config).write_text(
             text.replace(f"kubeconfig: {lab.kubeconfig}\n",
-                         f"kubeconfig: {_service_account_kubeconfig(lab, 'tenantnet')}\n")
+                         f"kubeconfig: {kube.service_account_kubeconfig(lab, 'tenantnet', lab.root, bound_to_node=True)}\n")
             + f"nodeName: {lab.node_name}\nagentSocket: {lab.root}/agent.sock\n")
         out = open(Path(lab.root) / "agent.out", "w")  # noqa: SIM115 (closed with the process)
         d.procs.append(subprocess.Popen([CTL, "--node-config", node_config, "agent", "run"], stdout=out,

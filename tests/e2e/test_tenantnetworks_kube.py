@@ -77,22 +77,6 @@ class Cluster:
         return proc
 
 
-def _service_account_kubeconfig(c: Cluster, account: str) -> str:
-    """A kubeconfig holding a token of kube-system/<account>, against the lab's API server."""
-    import yaml
-
-    admin = yaml.safe_load(Path(c.lab.lab.kubeconfig).read_text())
-    token = c.kubectl("create", "token", account, "-n", "kube-system", "--duration=2h").strip()
-    config = {"apiVersion": "v1", "kind": "Config", "clusters": admin["clusters"],
-              "users": [{"name": account, "user": {"token": token}}],
-              "contexts": [{"name": account, "context": {"cluster": admin["clusters"][0]["name"], "user": account}}],
-              "current-context": account}
-    path = Path(c.lab.lab.root) / f"{account}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return str(path)
-
-
 @pytest.fixture(scope="module")
 def cluster(klab: Lab) -> Iterator[Cluster]:  # noqa: F811
     c = Cluster(klab)
@@ -111,12 +95,12 @@ def cluster(klab: Lab) -> Iterator[Cluster]:  # noqa: F811
                                     "metadata": {"name": ns, "labels": labels}}))
     # Each process as its ServiceAccount, under the packaged RBAC: least privilege, for real.
     kube.apply(lab, RBAC.read_text())
-    agent_kc = _service_account_kubeconfig(c, "tenantnet")
+    agent_kc = kube.service_account_kubeconfig(c.lab.lab, "tenantnet", c.lab.lab.root)
     node_config.write_text(node_config.read_text().replace(f"kubeconfig: {lab.kubeconfig}\n",
                                                            f"kubeconfig: {agent_kc}\n"))
     c.start("--node-config", str(node_config), "agent", "run", log="agent.out")
     c.start("--node-config", str(node_config), "renderer", "run",
-            "--kubeconfig", _service_account_kubeconfig(c, "tenantnet-renderer"),
+            "--kubeconfig", kube.service_account_kubeconfig(c.lab.lab, "tenantnet-renderer", c.lab.lab.root),
             "--auto-vlans", "3000-3009", "--identity", "e2e", log="renderer.out")
     try:
         yield c
@@ -408,7 +392,7 @@ def test_one_leader_and_a_takeover(cluster: Cluster) -> None:
     takes over once the Lease expires and goes on rendering."""
     lab = cluster.lab.lab
     second = cluster.start("--node-config", lab.node_config, "renderer", "run",
-                           "--kubeconfig", _service_account_kubeconfig(cluster, "tenantnet-renderer"),
+                           "--kubeconfig", kube.service_account_kubeconfig(cluster.lab.lab, "tenantnet-renderer", cluster.lab.lab.root),
                            "--auto-vlans", "3000-3009", "--identity", "e2e-2", log="renderer-2.out")
     second_log = Path(lab.root) / "renderer-2.out"
 
