@@ -51,7 +51,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -813,47 +813,13 @@ class Doctor:
         return passed(name, f"{crd} established (served: {', '.join(map(str, versions)) or '?'})")
 
     @staticmethod
-    def _rbac(api: kubeclient.KubeApi, name: str, sa: tuple[str, str],
-              asks: list[tuple[str, str, str]]) -> Check:
-        """SelfSubjectAccessReviews as the ServiceAccount (impersonated): what it may not do."""
-        who = kubeclient.Identity.service_account(*sa)
-        denied = []
-        for verb, group, resource in asks:
-            review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-                      "spec": {"resourceAttributes": {"verb": verb, "group": group, "resource": resource}}}
-            try:
-                answer = api.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", review, who)
-            except KubeUnavailable as exc:
-                return skipped(name, f"{exc} ({api.source})")
-            if answer.status == 403:
-                return skipped(name, f"cannot ask as {who.user}: {answer.text[:200]} (give a kubeconfig "
-                                     "whose user may impersonate ServiceAccounts, e.g. the cluster admin's)")
-            if answer.status not in (200, 201):
-                return skipped(name, f"the API server answered {answer.status}: {answer.text[:200]}")
-            if not (answer.body.get("status") or {}).get("allowed"):
-                denied.append((verb, f"{resource}.{group}" if group else resource))
-        sa_text = f"{sa[0]}/{sa[1]}"
-        if not denied:
-            allowed = ", ".join(f"{v} {r if not g else r + '.' + g}" for v, g, r in asks)
-            return passed(name, f"ServiceAccount {sa_text} may {allowed}")
-        verbs = sorted({v for v, _ in denied})
-        resources = sorted({r for _, r in denied})
-        role = f"tenantnet-{name.split()[-1]}"
-        return failed(name, f"ServiceAccount {sa_text} may not {', '.join(f'{v} {r}' for v, r in denied)}",
-                      f"kubectl create clusterrole {role} --verb={','.join(verbs)} "
-                      f"--resource={','.join(resources)} && kubectl create clusterrolebinding {role} "
-                      f"--clusterrole={role} --serviceaccount={sa[0]}:{sa[1]}")
-
-
-    @staticmethod
-    def _rbac_dra(api: kubeclient.KubeApi, sa: tuple[str, str]) -> Check:
-        """The DRA driver's API access, asked as the agent's ServiceAccount. The grant printed
-        is one ClusterRole per verb (and resource name): exactly the access denied, never a
-        verb on every resource named."""
-        name = "RBAC agent DRA"
+    def _reviews(api: kubeclient.KubeApi, name: str, sa: tuple[str, str],
+                 accesses: Iterable[Access]) -> list[Access] | Check:
+        """SelfSubjectAccessReviews as the ServiceAccount (impersonated): the accesses it is
+        denied, or the SKIP Check saying why they could not be asked."""
         who = kubeclient.Identity.service_account(*sa)
         denied: list[Access] = []
-        for access in DRA_ACCESS:
+        for access in accesses:
             try:
                 answer = api.post("/apis/authorization.k8s.io/v1/selfsubjectaccessreviews", access.review(),
                                   who)
@@ -866,6 +832,36 @@ class Doctor:
                 return skipped(name, f"the API server answered {answer.status}: {answer.text[:200]}")
             if not (answer.body.get("status") or {}).get("allowed"):
                 denied.append(access)
+        return denied
+
+    @staticmethod
+    def _rbac(api: kubeclient.KubeApi, name: str, sa: tuple[str, str],
+              asks: list[tuple[str, str, str]]) -> Check:
+        """What the ServiceAccount may not do of `asks` (verb, group, resource)."""
+        accesses = [Access(verb, group, resource) for verb, group, resource in asks]
+        denied = Doctor._reviews(api, name, sa, accesses)
+        if isinstance(denied, Check):
+            return denied
+        sa_text = f"{sa[0]}/{sa[1]}"
+        if not denied:
+            return passed(name, f"ServiceAccount {sa_text} may {', '.join(map(str, accesses))}")
+        verbs = sorted({a.verb for a in denied})
+        resources = sorted({a.kind for a in denied})
+        role = f"tenantnet-{name.split()[-1]}"
+        return failed(name, f"ServiceAccount {sa_text} may not {', '.join(map(str, denied))}",
+                      f"kubectl create clusterrole {role} --verb={','.join(verbs)} "
+                      f"--resource={','.join(resources)} && kubectl create clusterrolebinding {role} "
+                      f"--clusterrole={role} --serviceaccount={sa[0]}:{sa[1]}")
+
+    @staticmethod
+    def _rbac_dra(api: kubeclient.KubeApi, sa: tuple[str, str]) -> Check:
+        """The DRA driver's API access, asked as the agent's ServiceAccount. The grant printed
+        is one ClusterRole per verb (and resource name): exactly the access denied, never a
+        verb on every resource named."""
+        name = "RBAC agent DRA"
+        denied = Doctor._reviews(api, name, sa, DRA_ACCESS)
+        if isinstance(denied, Check):
+            return denied
         sa_text = f"{sa[0]}/{sa[1]}"
         if not denied:
             return passed(name, f"ServiceAccount {sa_text} may {', '.join(map(str, DRA_ACCESS))}")
