@@ -141,10 +141,11 @@ def read_confined(field: str, path: object, allowed: Iterable[str], what: str = 
         os.close(fd)
 
 
-def ensure_private_dir(path: str, stop_at: str | None = None) -> None:
-    """Create `path` and any missing parents with mode 0700 (below `stop_at`, if given, the
-    parents must exist already). makedirs' `mode` applies only to the last level, and the
-    umask filters it: each level is created and then chmodded here."""
+def ensure_private_dir(path: str, stop_at: str | None = None, mode: int = 0o700) -> None:
+    """Create `path` and any missing parents with `mode`, 0700 unless told (below `stop_at`, if
+    given, the parents must exist already); existing ones are left as they are. makedirs'
+    `mode` applies only to the last level, and the umask filters it: each level is created and
+    then chmodded here. A level that exists and is not a directory: FileExistsError naming it."""
     missing = []
     current = path
     while not os.path.isdir(current):
@@ -157,12 +158,12 @@ def ensure_private_dir(path: str, stop_at: str | None = None) -> None:
         current = parent
     for directory in reversed(missing):
         try:
-            os.mkdir(directory, 0o700)
+            os.mkdir(directory, mode)
         except FileExistsError:
             if not os.path.isdir(directory):
                 raise
             continue
-        os.chmod(directory, 0o700)
+        os.chmod(directory, mode)
 
 
 def open_for_append(path: str, mode: int = 0o640) -> int:

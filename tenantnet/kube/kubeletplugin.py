@@ -410,23 +410,15 @@ class _RegistrationService:
 
 def _make_dirs(path: str) -> None:
     """`path` and its missing parents, each made DIR_MODE (umask aside); existing ones untouched."""
-    missing = []
-    p = path
-    while not os.path.isdir(p):
-        missing.append(p)
-        parent = os.path.dirname(p)
-        if parent == p:
-            break
-        p = parent
-    for d in reversed(missing):
-        try:
-            os.mkdir(d, DIR_MODE)
-            os.chmod(d, DIR_MODE)
-        except FileExistsError:
-            if not os.path.isdir(d):
-                raise KubeletPluginError(f"{d} exists and is not a directory") from None
-        except OSError as exc:
-            raise KubeletPluginError(f"cannot create the directory {d}: {exc.strerror}") from None
+    from hostfiles.confined import ensure_private_dir
+
+    try:
+        ensure_private_dir(path, mode=DIR_MODE)
+    except FileExistsError as exc:
+        raise KubeletPluginError(f"{exc.filename} exists and is not a directory") from None
+    except OSError as exc:
+        raise KubeletPluginError(f"cannot create the directory {exc.filename or path}: "
+                                 f"{exc.strerror}") from None
 
 
 def _clear(path: str) -> None:
