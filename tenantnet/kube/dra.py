@@ -249,8 +249,8 @@ class DraDriver:
                 raise Refused(f"parameters.interfaceNames={given!r}: must map request names to interface "
                               "names (1-15 characters: letters, digits, _ . -)")
             names.update(given)
-        held = self._cni_held()
         claimed = draclaims.claimed_vfs(self.node.state_dir)
+        held = self._cni_held(claimed)
         from tenantnet.plugin.system.sysfs import Sysfs, SysfsError
 
         sysfs = Sysfs(self.node.sysfs_root)
@@ -289,7 +289,7 @@ class DraDriver:
                            network=",".join(sorted(admitted)), tenant=",".join(sorted(tenants)),
                            attach=attach, pod_uid=str(pods[0].get("uid", "")),
                            pod_name=str(pods[0].get("name", "")),
-                           devices=devices, created=draclaims.now())
+                           devices=devices, created=time.time())
 
     @staticmethod
     def _ifname(request: str, index: int, names: dict[str, Any]) -> str:
@@ -361,12 +361,11 @@ class DraDriver:
                           f"(modes {', '.join(_VF_MODES)})")
         return tn, resolution.tenant or "", tn.fabric.on(sync.node_labels)[1]
 
-    def _cni_held(self) -> dict[str, str]:
+    def _cni_held(self, claimed: dict[str, ClaimRecord]) -> dict[str, str]:
         """VFs the CNI path holds (records of Multus's calls), not those of claims' own attaches."""
         from tenantnet.plugin import modes
         from tenantnet.plugin.drivers.vf import VfPlan
 
-        claimed = draclaims.claimed_vfs(self.node.state_dir)
         out: dict[str, str] = {}
         for rec in RecordStore(self.node.state_dir, modes.plan_type).list():
             if isinstance(rec, CorruptRecord) or not isinstance(rec.plan, VfPlan) or not rec.plan.device_id:
@@ -377,7 +376,7 @@ class DraDriver:
         return out
 
     def held_by_cni(self) -> frozenset[str]:
-        return frozenset(self._cni_held())
+        return frozenset(self._cni_held(draclaims.claimed_vfs(self.node.state_dir)))
 
     def _unprepare_one(self, ref: ClaimRef) -> str:
         try:

@@ -10,7 +10,7 @@ TenantNetwork, and which of its devices sit in which pod sandbox. Atomic writes 
 rename, 0600), as attachment records (records.py; the same durability argument).
 
 The plugin layer reads these records too, which is why they live here and not in
-tenantnet/kube: a VF a claim holds is not the CNI path's to take (`holder_of`), and Multus's
+tenantnet/kube: a VF a claim holds is not the CNI path's to take (`claimed_vfs`), and Multus's
 DRA path names a claim's device by its CDI name `claim-<uid>-<device>` instead of a PCI
 address (`bind`): the CNI ADD then gets that VF only for a pod the claim is reserved for,
 in the claim's namespace.
@@ -22,7 +22,6 @@ import fcntl
 import json
 import os
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -155,17 +154,6 @@ class ClaimStore:
                 yield rec
 
 
-def holder_of(state_dir: str, vf: str) -> tuple[ClaimRecord, ClaimDevice] | None:
-    """The claim holding the VF at PCI address `vf`, if any."""
-    if not os.path.isdir(os.path.join(state_dir, "dra", "claims")):
-        return None  # the common case on a node without DRA: one stat
-    for rec in ClaimStore(state_dir).all():
-        for dev in rec.devices:
-            if dev.vf == vf:
-                return rec, dev
-    return None
-
-
 def claimed_vfs(state_dir: str) -> dict[str, ClaimRecord]:
     """Every VF some claim holds, with its claim."""
     if not os.path.isdir(os.path.join(state_dir, "dra", "claims")):
@@ -187,13 +175,20 @@ def admits(rec: ClaimRecord, pod_namespace: str, pod_uid: str) -> str | None:
     return None
 
 
+def _cdi_name_match(value: object) -> re.Match[str] | None:
+    """`claim-<uid>-<device>` (the `tenantnet.io/vf=` kind before it allowed) parsed, or None."""
+    if not isinstance(value, str):
+        return None
+    if value.startswith(CDI_KIND + "="):
+        value = value[len(CDI_KIND) + 1:]
+    return CDI_NAME_RE.fullmatch(value)
+
+
 def resolve_cdi_name(state_dir: str, name: str) -> tuple[ClaimRecord, ClaimDevice] | None:
     """The claim and device a CDI device name (`claim-<uid>-<device>`, optionally with the
     `tenantnet.io/vf=` kind before it) stands for; None when it is not such a name or no
     claim of this node has it."""
-    if name.startswith(CDI_KIND + "="):
-        name = name[len(CDI_KIND) + 1:]
-    m = CDI_NAME_RE.fullmatch(name)
+    m = _cdi_name_match(name)
     if m is None:
         return None
     try:
@@ -209,15 +204,7 @@ def resolve_cdi_name(state_dir: str, name: str) -> tuple[ClaimRecord, ClaimDevic
 
 
 def looks_like_cdi_name(value: object) -> bool:
-    if not isinstance(value, str):
-        return False
-    if value.startswith(CDI_KIND + "="):
-        value = value[len(CDI_KIND) + 1:]
-    return CDI_NAME_RE.fullmatch(value) is not None
-
-
-def now() -> float:
-    return time.time()
+    return _cdi_name_match(value) is not None
 
 
 def bind(conf: Any, env: Any, state_dir: str) -> Any:
