@@ -57,10 +57,10 @@ class DraLab:
 
     def claim(self, name: str, namespace: str, vfs: list[str], pod_uid: str, *, attach: str = "nri",
               network: str = NETWORK, requests: list[str] | None = None,
-              per_request: dict[str, str] | None = None) -> dict[str, str]:
+              per_request: dict[str, str] | None = None, extra: dict[str, Any] | None = None) -> dict[str, str]:
         uid = str(uuid.uuid4())
         requests = requests or [f"rail{i}" for i in range(len(vfs))]
-        params: dict[str, Any] = {"network": network, "attach": attach}
+        params: dict[str, Any] = {"network": network, "attach": attach, **(extra or {})}
         config = [{"source": "FromClaim", "opaque": {"driver": "tenantnet.io", "parameters": params}}]
         for request, net in (per_request or {}).items():
             config.append({"source": "FromClaim", "requests": [request],
@@ -234,6 +234,23 @@ def test_a_foreign_tenant_is_refused_and_nothing_is_written(dra_lab: DraLab, net
     unknown = dra_lab.claim("y", "team-a", dra_lab.vfs[:1], pod["uid"], network="nope")
     _, [got] = dra_lab.run(["prepare", unknown])
     assert "no TenantNetwork nope" in got["result"]["error"]
+    assert dra_lab.left() == []
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"bogus": 1}, "unknown tenantnet.io config parameter 'bogus'"),
+    ({"attach": "sideways"}, "parameters.attach=['sideways']"),
+    ({"interfaceNames": {"rail0": "no such name!"}}, "parameters.interfaceNames="),
+    ({"network": "Not_A_Label"}, "names no TenantNetwork"),
+])
+def test_a_claims_parameters_are_checked_at_the_edge(dra_lab: DraLab, netns_factory: Any,
+                                                      extra: dict[str, Any], words: str) -> None:
+    """The opaque parameters are the tenant's (a claim's config): each bad one refused by name at
+    prepare, before anything is written."""
+    pod = _pod(netns_factory(), "bad")
+    c = dra_lab.claim("bad", "team-a", dra_lab.vfs[:1], pod["uid"], extra=extra)
+    _, [got] = dra_lab.run(["prepare", c])
+    assert words in got["result"]["error"], got
     assert dra_lab.left() == []
 
 
