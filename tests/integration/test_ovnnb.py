@@ -204,3 +204,20 @@ def test_reconnect_keeps_the_replica_bounded() -> None:
             nb.close()
     finally:
         server.stop()
+
+
+def test_concurrent_adds_from_worker_threads(server: nbserver.NbServer, agent: ovnnb.OvnNb) -> None:
+    # The agent's workers share the handle: ovsdbapp queues their transactions to its one
+    # connection thread; every port lands once, each answered with its own row.
+    from concurrent.futures import ThreadPoolExecutor
+
+    def add(i: int) -> ovnnb.LogicalPort:
+        return agent.add_port("tn-blue", f"conc-{i}", f"0a:58:01:00:04:{i:02x}", [f"10.1.4.{i + 1}"],
+                              _ids(f"k{i}"))
+
+    with ThreadPoolExecutor(8) as pool:
+        ports = list(pool.map(add, range(40)))
+    assert [p.name for p in ports] == [f"conc-{i}" for i in range(40)]
+    assert [p.container_id for p in ports] == [f"k{i}" for i in range(40)]
+    assert {p.name for p in agent.ports_of()} == {f"conc-{i}" for i in range(40)}
+    assert len(_port_uuids(server, "tn-blue")) == OTHERS + 40
