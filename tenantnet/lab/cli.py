@@ -72,6 +72,12 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
                            help="N simulated nodes (1-8), each its own OVS and node config, joined by a "
                                 "trunk top-of-rack switch, with a private etcd for cluster IPAM")
             p.add_argument("--no-etcd", action="store_true", help="with --nodes: no etcd")
+            p.add_argument("--overlay", action="store_true",
+                           help="with --nodes: the OVN overlay lab instead (tenantnet/lab/ovn.py): OVN "
+                                "central, and per node a network namespace with its own OVS (userspace "
+                                "datapath) and ovn-controller, Geneve over a Linux-bridge ToR per rail")
+            p.add_argument("--rails", type=int, default=1, metavar="R",
+                           help="with --overlay: R underlay rails (1-8), 192.168.(100+r).0/24 each")
             p.add_argument("--kubernetes", action="store_true",
                            help="a real Kubernetes node instead: etcd, API server, controller-manager, "
                                 "scheduler, containerd and a kubelet with Multus as its CNI, over the lab "
@@ -136,6 +142,10 @@ def cmd_lab(args: argparse.Namespace) -> int:
     try:
         if (args.kubernetes if args.lab_command == "up" else kube.is_kube(args.dir)):
             return _cmd_kube(args)
+        from tenantnet.lab import ovn
+
+        if (args.overlay if args.lab_command == "up" else ovn.load(args.dir) is not None):
+            return _cmd_overlay(args)
         multi = args.nodes > 1 if args.lab_command == "up" else cluster.is_cluster(args.dir)
         if multi:
             return _cmd_cluster(args)
@@ -192,6 +202,33 @@ def _cmd_cluster(args: argparse.Namespace) -> int:
         for n in shown["nodes"]:
             print(f"  {n['name']}: bridge {n['bridge']}, node config {n['node_config']}")
     return 0 if shown["running"] else 3
+
+
+def _cmd_overlay(args: argparse.Namespace) -> int:
+    """`lab up --nodes N --overlay`, and status/down of such a lab (tenantnet/lab/ovn.py)."""
+    from tenantnet.lab import ovn
+
+    if args.lab_command == "down":
+        removed = ovn.down(args.dir)
+        print(f"overlay lab is down; removed: {', '.join(removed) or 'nothing'}")
+        return 0
+    if args.lab_command == "up":
+        if not 1 <= args.rails <= 8:
+            print("tenantnetctl lab up: --rails must be 1-8", file=sys.stderr)
+            return 2
+        ovn.up(args.dir, nodes=args.nodes, rails=args.rails)
+    shown = ovn.status(args.dir) or {"ovn": {"nb": None, "sb": None, "running": False}, "nodes": []}
+    running = shown["ovn"]["running"] and all(n["running"] for n in shown["nodes"])
+    if getattr(args, "json", False):
+        print(json.dumps(shown, indent=2))
+    else:
+        print(f"overlay lab {args.dir} (a simulation): OVN NB {shown['ovn']['nb']}, SB {shown['ovn']['sb']}, "
+              f"{len(shown['nodes'])} nodes, {'running' if running else 'not running'}")
+        for n in shown["nodes"]:
+            print(f"  {n['name']}: netns {n['netns']}, encap IPs {', '.join(n['encapIps'])}, "
+                  f"OVSDB {n['ovsdb']}")
+        print(f"  ovn-nbctl --db={shown['ovn']['nb']} show")
+    return 0 if running else 3
 
 
 def _cmd_kube(args: argparse.Namespace) -> int:
