@@ -13,8 +13,10 @@ Everything lives under one private root directory and under names derived from i
   The chassis name is the node name; Geneve endpoint = the node's address on rail 0.
 - The underlay, one per rail r: a /24 (192.168.<100+r>.0/24 by default), a Linux bridge
   `tn<hash>t<r>` in the host namespace as the rail's top-of-rack switch, and per node a veth
-  whose node end is a port of an OVS bridge `br-rail<r>` in the node (the tunnel's egress
-  must be an OVS bridge for `tnl_push` to route it), the address on that bridge's internal port.
+  whose node end is a port of an OVS bridge `br-rail<r>` in the node, the address on that
+  bridge's internal port: the userspace datapath's `tnl_push` routes a tunnel only out of an
+  OVS bridge — with the address on the veth itself the underlay pings, yet no Geneve packet
+  leaves (shown here).
   OVN 23.03 has one encap IP per chassis, so rails beyond 0 get their underlay but carry no
   tunnels yet (one chassis per rail NIC is the way, CNI-FACTS §7).
 - Pods (`plug_pod`): a namespace `tn<hash>n<i>-<pod>` with `eth0`, whose peer is a port of
@@ -434,6 +436,9 @@ def plug_pod(lab: OvnLab, node: OvnNode, pod: str, lsp: str, mac: str, ip: str, 
     # The userspace datapath leaves TX checksums of a veth pod to the stack: TCP fails otherwise.
     if tx_checksum_in(netns, "eth0", False):
         raise LabError(f"{netns}: eth0 kept its tx checksum offload")
+    # The node's kernel would otherwise send its own IPv6 (DAD, router solicitations) to the pod
+    # through the host end: that end is only an AF_PACKET port of br-int, never an interface.
+    _sysctl(node.netns, f"net.ipv6.conf.{port}.disable_ipv6", "1")
     ip_ns(node.netns, "link", "set", port, "up")
     vsctl(node, "add-port", INTEGRATION_BRIDGE, port)
     result = LabPod(name=pod, netns=netns, node=node.name, port=port, lsp=lsp, mac=mac, ip=ip)
