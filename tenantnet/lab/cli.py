@@ -71,11 +71,13 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
             p.add_argument("--nodes", type=int, default=1, metavar="N",
                            help="N simulated nodes (1-8), each its own OVS and node config, joined by a "
                                 "trunk top-of-rack switch, with a private etcd for cluster IPAM")
-            p.add_argument("--no-etcd", action="store_true", help="with --nodes: no etcd")
+            p.add_argument("--no-etcd", action="store_true",
+                           help="with --nodes (and --overlay): no etcd for cluster IPAM")
             p.add_argument("--overlay", action="store_true",
                            help="with --nodes: the OVN overlay lab instead (tenantnet/lab/ovn.py): OVN "
                                 "central, and per node a network namespace with its own OVS (userspace "
-                                "datapath) and ovn-controller, Geneve over a Linux-bridge ToR per rail")
+                                "datapath) and one ovn-controller (OVN chassis) per rail, Geneve over a "
+                                "Linux-bridge ToR per rail, a tenantnet node config per node, one etcd")
             p.add_argument("--rails", type=int, default=1, metavar="R",
                            help="with --overlay: R underlay rails (1-8), 192.168.(100+r).0/24 each")
             p.add_argument("--kubernetes", action="store_true",
@@ -216,18 +218,24 @@ def _cmd_overlay(args: argparse.Namespace) -> int:
         if not 1 <= args.rails <= 8:
             print("tenantnetctl lab up: --rails must be 1-8", file=sys.stderr)
             return 2
-        ovn.up(args.dir, nodes=args.nodes, rails=args.rails)
+        ovn.up(args.dir, nodes=args.nodes, rails=args.rails, etcd=not args.no_etcd)
     shown = ovn.status(args.dir) or {"ovn": {"nb": None, "sb": None, "running": False}, "nodes": []}
     running = shown["ovn"]["running"] and all(n["running"] for n in shown["nodes"])
     if getattr(args, "json", False):
         print(json.dumps(shown, indent=2))
     else:
         print(f"overlay lab {args.dir} (a simulation): OVN NB {shown['ovn']['nb']}, SB {shown['ovn']['sb']}, "
-              f"{len(shown['nodes'])} nodes, {'running' if running else 'not running'}")
+              f"{len(shown['nodes'])} nodes, {'running' if running else 'not running'}; "
+              f"etcd {shown.get('etcd') or 'none'}")
         for n in shown["nodes"]:
-            print(f"  {n['name']}: netns {n['netns']}, encap IPs {', '.join(n['encapIps'])}, "
-                  f"OVSDB {n['ovsdb']}")
+            print(f"  {n['name']}: netns {n['netns']}, OVSDB {n['ovsdb']}, node config {n['nodeConfig']}")
+            for rail, r in n["rails"].items():
+                print(f"    {rail}: chassis {r['chassis']}, {r['integrationBridge']}, "
+                      f"encap IP {r['encapIp']} on {r['underlayBridge']}")
         print(f"  ovn-nbctl --db={shown['ovn']['nb']} show")
+        if shown["nodes"]:
+            n = shown["nodes"][0]
+            print(f"  in a node: ip netns exec {n['netns']} env TENANTNET_CONFIG={n['nodeConfig']} ...")
     return 0 if running else 3
 
 
