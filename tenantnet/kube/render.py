@@ -21,7 +21,13 @@ level-based reconcile (events arriving together are folded into one):
   selected) loses the finalizer and is deleted;
 - `status`: renderedNamespaces, conflicts (namespaces whose tenant sources disagree), the
   last error and a Ready condition whose reason says why not (Invalid, Conflict,
-  NoVlanLeft, UnknownPF).
+  NoVlanLeft, UnknownPF);
+- with an OVN northbound endpoint (`--ovn-northbound`), every accepted overlay network's
+  logical switch `tn-<name>.<segment>` with its tunnel key = the segment, and the removal of
+  the switches of networks gone or refused once no logical port is left on them
+  (tenantnet/kube/nbswitches.py); `status.overlay` says the switch, its tunnel key and its
+  state. After NADs are written: an unreachable NB delays nothing else, is said in
+  `status.overlay`, and is tried again every NB_RETRY seconds.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ RENEW_EVERY = 5.0
 FOLD_EVENTS = 0.05  # events within this are one reconcile
 RESYNC_EVERY = 60.0  # a full reconcile even without events (a lost watch event is repaired)
 WRITERS = 8  # NAD writes in flight at once
+NB_RETRY = 5.0  # the next reconcile after the OVN northbound database could not be reached
 
 
 @dataclass
@@ -64,6 +71,7 @@ class Outcome:
     deleted: int = 0
     statuses: int = 0
     errors: list[str] = field(default_factory=list)
+    switches: Any = None  # nbswitches.SyncResult, with an OVN northbound endpoint
 
 
 def _now() -> str:
@@ -85,6 +93,8 @@ class Renderer:
         auto_vlans: tuple[int, int] | None = None,
         namespace: str = "kube-system",
         identity: str = "",
+        ovn_northbound: str = "",
+        ovn_timeout: float = 5.0,
     ) -> None:
         from lightkube.resources.core_v1 import Namespace, Node
 
@@ -101,6 +111,12 @@ class Renderer:
         self.wake: queue.Queue[str] = queue.Queue()
         self._stop = threading.Event()
         self.leader = False
+        self.switches = None
+        if ovn_northbound:
+            from tenantnet.kube.nbswitches import SwitchKeeper
+
+            self.switches = SwitchKeeper(ovn_northbound, ovn_timeout)
+        self.nb_pending = False  # the last round could not reach the NB: retry soon
 
     # ---- leader election ------------------------------------------------------------------
     def try_lead(self) -> bool:
@@ -236,10 +252,14 @@ class Renderer:
         refused = tnrender.cluster_conflicts([parsed[n] for n in selections], tenants)
         by_name = {_meta(o).get("name"): o for o in objects}
         desired: dict[tuple[str, str], dict[str, Any]] = {}
+        overlays: dict[str, int] = {}  # accepted overlay networks -> segment: their switches
         for name, (chosen, conflicts) in selections.items():
             if name in refused:
                 status[name] = self._status(by_name[name], [], conflicts, refused[name], "Conflict")
                 continue
+            segment = parsed[name].segment
+            if parsed[name].fabric.overlay and segment is not None:
+                overlays[name] = segment
             for ns in chosen:
                 desired[(ns, name)] = tnrender.render_nad(parsed[name], ns)
             status[name] = self._status(by_name[name], chosen, conflicts, "", "")
@@ -268,6 +288,8 @@ class Renderer:
         for key in existing:
             if key not in desired:
                 self._remove_nad(key, out)
+        if self.switches is not None:
+            self._sync_switches(overlays, status, out)
         for obj in objects:
             name = _meta(obj).get("name", "")
             if name in status:
@@ -279,6 +301,30 @@ class Renderer:
                 ) + restored.get(name, 0)
                 self._write_status(obj, new, out)
         return out
+
+    def _sync_switches(self, overlays: dict[str, int], status: dict[str, dict[str, Any]],
+                       out: Outcome) -> None:
+        """The overlay networks' logical switches (after the NADs: an NB away delays no NAD)."""
+        assert self.switches is not None
+        result = self.switches.sync(overlays)
+        out.switches = result
+        self.nb_pending = bool(result.unreachable)
+        if result.unreachable:
+            out.errors.append(f"OVN northbound: {result.unreachable}")
+            self.log.warning("render.nb_unreachable", error=result.unreachable[:300], retry_s=NB_RETRY)
+        for switch in result.created:
+            self.log.info("render.switch_created", switch=switch)
+        for switch in result.updated:
+            self.log.info("render.switch_updated", switch=switch)
+        for switch in result.deleted:
+            self.log.info("render.switch_deleted", switch=switch)
+        for switch, ports in result.kept.items():
+            self.log.info("render.switch_kept", switch=switch, ports=ports,
+                          reason="logical ports remain (the nodes' agents')")
+        for name, st in status.items():
+            found = result.statuses.get(name)
+            # None clears a status.overlay that no longer applies (merge patch).
+            st["overlay"] = found.as_status() if found is not None else None
 
     def _assign_vlans(
         self,
@@ -484,7 +530,7 @@ class Renderer:
                 next_renew = now + RENEW_EVERY
             if self.leader and now >= next_resync:
                 self._reconcile_logged()
-                next_resync = time.monotonic() + RESYNC_EVERY
+                next_resync = time.monotonic() + (NB_RETRY if self.nb_pending else RESYNC_EVERY)
             try:
                 self.wake.get(timeout=max(0.05, min(next_renew, next_resync) - time.monotonic()))
             except queue.Empty:
@@ -494,6 +540,10 @@ class Renderer:
                 self.wake.get_nowait()
             if self.leader and not self._stop.is_set():
                 self._reconcile_logged()
+                if self.nb_pending:
+                    next_resync = min(next_resync, time.monotonic() + NB_RETRY)
+        if self.switches is not None:
+            self.switches.close()
         if self.leader:
             try:
                 self.release()

@@ -32,6 +32,22 @@ def register(subparsers: Any, node_config_path: Callable[[argparse.Namespace], s
         metavar="LO-HI",
         help="the range `vlan: auto` networks get their VLAN from (e.g. 3000-3999)",
     )
+    run.add_argument(
+        "--ovn-northbound",
+        default="",
+        metavar="ENDPOINT",
+        help="the OVN northbound database (unix:PATH or tcp:HOST:PORT): the renderer then keeps the "
+        "logical switch tn-<name>.<segment> of every overlay TenantNetwork, with tunnel key = its "
+        "segment, and deletes the switches of networks gone or refused once no logical port is left "
+        "on them (default: none, overlay networks' switches are left to the nodes' agents)",
+    )
+    run.add_argument(
+        "--ovn-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="bound on each OVN northbound transaction (default 5)",
+    )
     run.add_argument("--identity", default="", help="this replica's name in the Lease (default: host name)")
     run.add_argument("--once", action="store_true", help="one reconcile, without a Lease, then exit")
     run.set_defaults(func=cmd_run, node_config_path=node_config_path)
@@ -74,6 +90,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         auto_vlans=auto,
         namespace=args.namespace,
         identity=args.identity,
+        ovn_northbound=args.ovn_northbound,
+        ovn_timeout=args.ovn_timeout,
     )
     if args.once:
         out = renderer.reconcile()

@@ -37,6 +37,8 @@ FINALIZER = "tenantnet.io/rendered-nad"
 NAD_CNI_VERSION = "1.0.0"
 
 MODES = ("ovs", "sriov", "ovs-offload")  # as tenantnet/plugin/tnconf.py's
+OVERLAYS = ("geneve",)  # issue 29: an OVN logical switch per network, its segment the Geneve VNI
+OVERLAY_MODES = ("ovs", "ovs-offload")  # a port on the rail's integration bridge (veth or representor)
 RDMA_CHOICES = ("auto", "exclusive", "off")
 RAIL_LEVELS = ("PIX", "PXB", "PHB", "NODE")
 POD_CHOICES = ("staticIP", "mac")
@@ -211,6 +213,10 @@ class Fabric:
     pfs: tuple[str, ...] = ()
     resource_name: str = ""  # the device plugin's resource, for the NAD's annotation (VF modes)
     nodes: tuple[NodeFabric, ...] = ()
+    # "geneve": the network is an OVN logical switch; the node's rail config (ovn.rails in
+    # its node config) decides the integration bridge, so an overlay names no bridge.
+    overlay: str = ""
+    rail: str = ""  # which of the node's OVN rails; "" = the node's default rail
 
     def on(self, node_labels: Mapping[str, str]) -> tuple[str, tuple[str, ...]]:
         """(bridge, PFs) on a node with these labels: the first matching nodes[] entry's
@@ -342,10 +348,25 @@ def _int(network: str, where: str, value: object, lo: int, hi: int) -> int:
 def _parse_fabric(network: str, raw: object) -> Fabric:
     if not isinstance(raw, dict):
         raise _bad(network, "spec.fabric", raw, "must be an object with mode and bridge and/or pfs")
-    _known(network, "spec.fabric", raw, ("mode", "bridge", "pfs", "resourceName", "nodes"))
+    _known(network, "spec.fabric", raw, ("mode", "bridge", "pfs", "resourceName", "nodes", "overlay", "rail"))
     mode = raw.get("mode")
     if mode not in MODES:
         raise _bad(network, "spec.fabric.mode", mode, f"must be one of {', '.join(MODES)}")
+    overlay = raw.get("overlay") or ""
+    if overlay and overlay not in OVERLAYS:
+        raise _bad(network, "spec.fabric.overlay", overlay,
+                   f"must be one of {', '.join(OVERLAYS)} (or absent: a VLAN network)")
+    if overlay and mode not in OVERLAY_MODES:
+        raise _bad(network, "spec.fabric.overlay", overlay,
+                   f"an overlay attaches ports to OVN's integration bridge: modes {', '.join(OVERLAY_MODES)} "
+                   f"only, not {mode}")
+    rail = raw.get("rail") or ""
+    if rail and not overlay:
+        raise _bad(network, "spec.fabric.rail", rail, "names one of the node's OVN rails: only with overlay: "
+                                                      "geneve")
+    if rail and not dns_label(rail):
+        raise _bad(network, "spec.fabric.rail", rail, "must name a rail of the node config's ovn.rails "
+                                                      "(a DNS label)")
 
     def bridge_of(where: str, value: object) -> str:
         if value in (None, ""):
@@ -389,10 +410,18 @@ def _parse_fabric(network: str, raw: object) -> Fabric:
         if not node_fabric.bridge and not node_fabric.pfs:
             raise _bad(network, where, entry, "changes nothing: give bridge and/or pfs")
         nodes.append(node_fabric)
-    fabric = Fabric(str(mode), bridge, pfs, str(resource), tuple(nodes))
+    fabric = Fabric(str(mode), bridge, pfs, str(resource), tuple(nodes), str(overlay), str(rail))
+    if overlay:
+        # The rail's integration bridge is the node's to say (ovn.rails.<rail>.integrationBridge):
+        # a bridge here could only disagree with it.
+        for where, b in [("spec.fabric.bridge", bridge)] + \
+                [(f"spec.fabric.nodes[{i}].bridge", n.bridge) for i, n in enumerate(nodes)]:
+            if b:
+                raise _bad(network, where, b, "an overlay network's bridge is the integration bridge of the "
+                                              "node's rail (node config ovn.rails): give rail, not bridge")
     for where, (b, p) in [("spec.fabric", (bridge, pfs))] + \
             [(f"spec.fabric.nodes[{i}]", (n.bridge or bridge, n.pfs or pfs)) for i, n in enumerate(nodes)]:
-        if mode in ("ovs",) and not b:
+        if mode in ("ovs",) and not b and not overlay:
             raise _bad(network, f"{where}.bridge", b or None, "mode ovs needs a bridge")
         if mode == "ovs" and p:
             raise _bad(network, f"{where}.pfs", list(p), "mode ovs attaches veth ports: no PFs")
@@ -508,8 +537,10 @@ def parse_tenant_network(obj: object) -> TenantNetwork:
     vlan: int | None = None
     if not vlan_auto:
         if isinstance(vlan_raw, bool) or not isinstance(vlan_raw, int) or not 1 <= vlan_raw <= 4094:
-            # Required: an OVS port without a tag carries every VLAN of its bridge.
-            raise _bad(name, "spec.vlan", vlan_raw, 'must be a VLAN id from 1 to 4094, or "auto"')
+            # Required: an OVS port without a tag carries every VLAN of its bridge. On an
+            # overlay it is the segment, the logical switch's tunnel key (Geneve VNI).
+            raise _bad(name, "spec.vlan", vlan_raw, 'must be a VLAN id from 1 to 4094, or "auto"' +
+                       (" (on an overlay: the segment, the Geneve VNI)" if fabric.overlay else ""))
         vlan = vlan_raw
     status_raw = obj.get("status")
     status: dict[str, Any] = status_raw if isinstance(status_raw, dict) else {}

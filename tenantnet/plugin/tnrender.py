@@ -31,7 +31,13 @@ def render_config(tn: TenantNetwork, node_labels: Mapping[str, str] | None = Non
         "cniVersion": NAD_CNI_VERSION, "name": tn.name, "type": "tenantnet", NETWORK_FIELD: tn.name,
         "mode": tn.fabric.mode,
     }
-    if bridge:
+    if tn.fabric.overlay:
+        # No bridge: the node's rail (ovn.rails) names its integration bridge. `vlan` below is
+        # the segment, no 802.1Q tag: the logical switch's tunnel key.
+        config["overlay"] = tn.fabric.overlay
+        if tn.fabric.rail:
+            config["rail"] = tn.fabric.rail
+    elif bridge:
         config["bridge"] = bridge
     if pfs:
         config["pfs"] = list(pfs)
@@ -98,12 +104,26 @@ def selected(tn: TenantNetwork, resolver: TenantResolver, namespaces: Mapping[st
     return chosen, conflicts
 
 
+# The one "fabric" every overlay network shares: tunnel keys are global in an OVN northbound
+# database, whatever the rail (a rail chooses the encap address, not the datapath).
+OVERLAY_FABRIC = "the Geneve overlay"
+
+
+def overlay_switch(network: str, segment: int) -> str:
+    """The logical switch of an overlay TenantNetwork: `tn-<network>.<segment>` (issue 29's
+    spec; a new segment is a new switch, the old one removed once its ports are gone)."""
+    # TODO(issue 29): ovnnb.switch_name(network, segment) once the lead's change lands there.
+    return f"tn-{network}.{segment}"
+
+
 def cluster_conflicts(networks: list[TenantNetwork], resolver_tenants: Mapping[str, frozenset[str]]
                       ) -> dict[str, str]:
     """What the controller refuses across TenantNetworks (name -> reason; the older network,
-    by name order, keeps its claim): overlapping pools, and one VLAN of one fabric for two
-    networks of different tenants. `resolver_tenants`: each network's tenants (listed and
-    selected namespaces' tenants), computed by the caller."""
+    by name order, keeps its claim): overlapping pools, one VLAN of one fabric for two
+    networks of different tenants, and one segment for two overlay networks (whatever their
+    tenants and rails: the segment is the logical switch's tunnel key, unique in the NB; an
+    overlay and a VLAN network may share a number). `resolver_tenants`: each network's
+    tenants (listed and selected namespaces' tenants), computed by the caller."""
     refused: dict[str, str] = {}
     ok: list[TenantNetwork] = []
     for tn in sorted(networks, key=lambda n: n.name):
@@ -113,6 +133,13 @@ def cluster_conflicts(networks: list[TenantNetwork], resolver_tenants: Mapping[s
             if both:
                 reason = f"ipam range {both[0]} overlaps TenantNetwork {other.name}'s {both[1]}"
                 break
+            if tn.fabric.overlay and other.fabric.overlay:
+                if tn.segment is not None and tn.segment == other.segment:
+                    reason = (f"segment {tn.segment} is overlay TenantNetwork {other.name}'s tunnel key "
+                              f"(logical switch {overlay_switch(other.name, tn.segment)}); a tunnel key "
+                              "is unique in the OVN northbound database, whatever the tenants and rails")
+                    break
+                continue
             mine = resolver_tenants.get(tn.name, frozenset())
             theirs = resolver_tenants.get(other.name, frozenset())
             if tn.segment is not None and tn.segment == other.segment and mine != theirs and \
@@ -130,6 +157,8 @@ def cluster_conflicts(networks: list[TenantNetwork], resolver_tenants: Mapping[s
 
 
 def _fabrics(tn: TenantNetwork) -> list[str]:
+    if tn.fabric.overlay:
+        return [OVERLAY_FABRIC]  # its PFs (ovs-offload) carry Geneve, not the segment as a tag
     out = []
     per_node = [(n.bridge or tn.fabric.bridge, n.pfs or tn.fabric.pfs) for n in tn.fabric.nodes]
     for bridge, pfs in [(tn.fabric.bridge, tn.fabric.pfs), *per_node]:
@@ -142,7 +171,8 @@ def _fabrics(tn: TenantNetwork) -> list[str]:
 
 def auto_vlan(tn: TenantNetwork, taken: Mapping[str, set[int]], lo: int, hi: int) -> int | None:
     """The lowest VLAN of the admin's range [lo, hi] free on every fabric of `tn`
-    (taken: fabric -> VLANs in use there), or None when the range is used up."""
+    (taken: fabric -> VLANs in use there), or None when the range is used up. An overlay
+    network's one fabric is OVERLAY_FABRIC: it picks among the overlay segments in use."""
     used: set[int] = set()
     for f in _fabrics(tn):
         used |= taken.get(f, set())
