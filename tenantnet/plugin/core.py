@@ -141,6 +141,7 @@ class Plugin:
         started = time.perf_counter()
         record.progress = set()
         pending: drivers.Pending | None = None
+        bound: drivers.Pending | None = None  # the driver's step once addressed
         # An IPAM that never looks at the pod's interface allocates while the driver makes
         # it; one that may (dhcp, anything unknown) runs after, as the spec's order has it.
         allocating: drivers.Pending | None = None
@@ -165,6 +166,7 @@ class Plugin:
                 record.mark(STEP_IPAM)
                 ipam_result = got or Result()
             faults.step("add.ipam-done")
+            bound = driver.addressed(record, tconf, [str(ip.address) for ip in ipam_result.ips])
             if attached.has_netdev:
                 pod_state = netlink.configure_pod_interface(
                     env.netns, attached.pod_ifname, results.address_plan(ipam_result)
@@ -177,14 +179,17 @@ class Plugin:
             result = results.assemble(conf.prev_result, attached.host, pod, ipam_result, tconf.dns)
             if pending is not None:
                 pending.result()  # the driver's background step: its failure fails the ADD
+            if bound is not None:
+                bound.result()  # the overlay's logical port: its failure fails the ADD
             record.phase = PHASE_READY
             record.result = result.to_dict(RECORD_VERSION)
             self.records.save(record, rewrite=True)
             faults.step("add.ready")
             self._ready(record, tconf, driver)
         except BaseException as exc:
-            if pending is not None:
-                pending.wait()  # the rollback must not race the driver's background step
+            for step in (pending, bound):
+                if step is not None:
+                    step.wait()  # the rollback must not race the driver's background steps
             if allocating is not None:  # the driver failed while IPAM allocated: release it too
                 allocating.wait()
                 if allocating.exception() is None:

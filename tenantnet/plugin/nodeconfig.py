@@ -12,7 +12,7 @@ import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from cni.errors import CniError, Code
 from hostfiles.confined import plain_path_problem, within
@@ -20,6 +20,9 @@ from ipam.config import DEFAULT_CONFINEMENT
 from tenantnet.plugin import nodepath
 from tenantnet.plugin.log import level_number
 from tenantnet.plugin.pci import normalise_pci_address
+
+if TYPE_CHECKING:
+    from tenantnet.plugin.overlay import OvnSettings
 
 DEFAULT_PATH = nodepath.DEFAULT_PATH
 DEFAULT_OVSDB = "unix:/var/run/openvswitch/db.sock"
@@ -134,6 +137,9 @@ class NodeConfig:
     kubelet_root_dir: str = "/var/lib/kubelet"
     nri_socket: str = "/var/run/nri/nri.sock"
     cdi_dir: str = "/var/run/cdi"
+    # Overlay networks (docs/overlay.md): the OVN northbound database and, per rail NIC, the
+    # chassis (integration bridge, underlay MTU) an overlay attachment on that rail binds to.
+    ovn: OvnSettings | None = None
     source: str = "(defaults)"
 
     @property
@@ -233,6 +239,9 @@ _KEYS: dict[str, tuple[str, type, str]] = {
                                                 "(its plugins_registry and plugins folders)"),
     "nriSocket": ("nri_socket", str, "an absolute path of containerd's NRI socket"),
     "cdiDir": ("cdi_dir", str, "an absolute path of a directory the runtime reads CDI specs from"),
+    "ovn": ("ovn", dict, "a mapping with northbound (the OVN NB endpoint), timeout, rails (name -> "
+                         "integrationBridge, ovsdb, underlayMtu, underlayBridge, chassis, userspaceDatapath) "
+                         "and defaultRail (docs/overlay.md)"),
     "prewarmGrants": ("prewarm_grants", list, 'a list of "ofport_request" and "mac": what a network '
                                               "config may set on a bridge that pre-warms"),
 }
@@ -450,6 +459,11 @@ def load(path: str | None = None, *, environ: Mapping[str, str] | None = None) -
             if sources is None:
                 raise _bad(path, key, value, allowed)
             value = sources
+        elif key == "ovn":
+            from tenantnet.plugin.overlay import parse_node_ovn
+
+            value = parse_node_ovn(value, lambda k, v, allowed: _bad(path, k, v, allowed),
+                                   normalise_ovsdb_endpoint)
         elif key == "etcdPrefix":
             prefix = cast(str, value)
             if not (prefix.startswith("/") and prefix.endswith("/")) or not prefix.isprintable():

@@ -64,12 +64,15 @@ class Plan:
     _decoders: ClassVar[dict[str, Callable[[Any], Any]]] = {}
     _CORE: ClassVar[frozenset[str]] = frozenset({"cni_args", "device_info_file", "device_info_id",
                                                  "nothing_owned"})
+    # Fields left out of the JSON while they hold their default (a plan's optional parts:
+    # records of networks that do not use them stay as they were).
+    _SPARSE: ClassVar[frozenset[str]] = frozenset()
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name in self._CORE and value == f.default:
+            if (f.name in self._CORE or f.name in self._SPARSE) and value == f.default:
                 continue
             out[_key(f)] = value.to_dict() if hasattr(value, "to_dict") else value
         return out

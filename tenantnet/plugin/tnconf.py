@@ -16,8 +16,9 @@ from cni.env import CniEnv, mac_problem
 from cni.errors import CniError, Code, invalid_config
 from cni.netconf import NetConf, ci_get
 from cni.result import DNS
-from tenantnet.plugin import settings
+from tenantnet.plugin import overlay, settings
 from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.overlay import Overlay
 from tenantnet.plugin.settings import TENANT_VLAN
 
 # The modes a config may name; tenantnet/plugin/modes.py has a driver for each (a unit test
@@ -38,6 +39,7 @@ class OvsPortSettings:
     ofport_request: int | None = None
     ovsdb: str = ""
     prewarm: bool = False  # `prewarm` (default: the node config's): drivers/prewarm.py
+    overlay: Overlay | None = None  # `overlay: geneve` (tenantnet/plugin/overlay.py)
 
 
 RDMA_CHOICES = ("auto", "exclusive", "off")
@@ -265,6 +267,12 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
     ovs = None
     if mode in ("ovs", "ovs-offload"):
         bridge = raw.get("bridge")
+        vlan, trunks = _vlan(raw), parse_trunk(raw.get("trunk"))
+        on_overlay = overlay.parse(raw, node, mode, vlan, trunks)
+        if on_overlay is not None:
+            # The rail's chassis decides bridge and OVSDB; the VLAN is the segment, no tag.
+            bridge = on_overlay.rail.integration_bridge
+            vlan = None
         if mode == "ovs-offload" and bridge in (None, ""):
             bridge = ""  # offload: the bridge whose uplink is the VF's PF, found at ADD
         elif not isinstance(bridge, str) or not _BRIDGE_RE.fullmatch(bridge):
@@ -279,14 +287,22 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
                 f"unsupported field value: interface_type={interface_type!r}; "
                 "mode ovs attaches a veth pair, so only \"system\" (the default) is supported",
             )
+        mtu = _int_field(raw, "mtu", 68, 65535)
+        endpoint = settings.ovsdb_endpoint(raw, node)
+        if on_overlay is not None:
+            mtu = overlay.check_mtu(on_overlay, mtu)
+            endpoint = on_overlay.rail.ovsdb or node.ovsdb
         ovs = OvsPortSettings(
             bridge=bridge,
-            vlan=_vlan(raw),
-            trunks=parse_trunk(raw.get("trunk")),
-            mtu=_int_field(raw, "mtu", 68, 65535),
+            vlan=vlan,
+            trunks=trunks,
+            mtu=mtu,
             ofport_request=_int_field(raw, "ofport_request", 1, 65279),
-            ovsdb=settings.ovsdb_endpoint(raw, node),
-            prewarm=_prewarm(raw, node, bridge, env.command == "ADD"),
+            ovsdb=endpoint,
+            # Pre-warm pairs ports on one bridge by OpenFlow number; an overlay's peers are
+            # behind tunnels (docs/overlay.md: the ADD says it did not warm).
+            prewarm=_prewarm(raw, node, bridge, env.command == "ADD") and on_overlay is None,
+            overlay=on_overlay,
         )
         if env.command == "ADD":  # DEL and GC undo what an ADD made, under whatever node config
             _prewarm_bridge_fields(conf, env, node, ovs)

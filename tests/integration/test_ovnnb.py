@@ -92,7 +92,7 @@ def test_add_is_one_port_with_port_security(server: nbserver.NbServer, agent: ov
     assert port.port_security == [expected] and port.addresses == [expected]
     assert "sec-1" in _switch_ports(server, "tn-blue")  # linked to the network's switch
     ids = dict(_lsp(server, "sec-1")["external_ids"][1])  # type: ignore[index]
-    assert ids == {"tenantnet-owner": "tenantnet", "tenantnet-network": "blue", "tenantnet-node": agent.scope.node,
+    assert ids == {"tenantnet-owner": "tenantnet", "tenantnet-network": "blue", "tenantnet-switch": "tn-blue", "tenantnet-node": agent.scope.node,
                    "tenantnet-container-id": "c2", "tenantnet-ifname": "net1"}
 
 

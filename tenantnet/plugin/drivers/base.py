@@ -178,6 +178,12 @@ class Driver(ABC):
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
         """Create the interface inside the pod netns and wire its host side."""
 
+    def addressed(self, record: AttachmentRecord, conf: TenantnetConf, ips: list[str]) -> Pending | None:
+        """Once IPAM has answered (`ips`: "address/prefix"): work that needs the addresses
+        (an overlay's logical port and its port security), started on a helper thread while
+        the core configures the pod; the ADD fails if it fails. None: nothing to do."""
+        return None
+
     def ready(self, record: AttachmentRecord, conf: TenantnetConf) -> bool:
         """After the ADD is recorded ready: work that makes the attachment better but whose
         failure must not fail it (pre-warm). True if it changed the record."""

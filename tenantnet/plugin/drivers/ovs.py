@@ -16,7 +16,15 @@ from cni.netconf import NetConf
 from cni.result import Interface
 from tenantnet.plugin import digest, faults, settings, tnconf
 from tenantnet.plugin.drivers import ovsport
-from tenantnet.plugin.drivers.base import Attached, Driver, gc_env, in_background, mark_owner, owner_mark
+from tenantnet.plugin.drivers.base import (
+    Attached,
+    Driver,
+    Pending,
+    gc_env,
+    in_background,
+    mark_owner,
+    owner_mark,
+)
 from tenantnet.plugin.drivers.ovsport import STEP_PORT, PortPlan
 from tenantnet.plugin.records import AttachmentRecord, RecordStore
 from tenantnet.plugin.system import netlink, ovsdb
@@ -63,10 +71,12 @@ class OvsDriver(Driver):
 
     def plan(self, conf: TenantnetConf, env: CniEnv, records: RecordStore | None = None) -> OvsPlan:
         assert conf.ovs is not None
-        return OvsPlan(host_ifname=host_ifname(env.container_id, env.ifname), bridge=conf.ovs.bridge,
+        plan = OvsPlan(host_ifname=host_ifname(env.container_id, env.ifname), bridge=conf.ovs.bridge,
                        ovsdb=conf.ovs.ovsdb, vlan=conf.ovs.vlan, trunks=list(conf.ovs.trunks),
                        mtu=conf.ovs.mtu, ofport_request=conf.ovs.ofport_request,
                        prewarm=ovsport.PREWARM_PENDING if conf.ovs.prewarm else "")
+        ovsport.plan_overlay(plan, self.node, conf, env)
+        return plan
 
     def _db(self, plan: OvsPlan) -> ovsdb.Ovsdb:
         return ovsport.ovsdb_for(self.node, plan.ovsdb)
@@ -93,7 +103,7 @@ class OvsDriver(Driver):
         record.mark(STEP_VETH)
         try:
             link = netlink.create_veth_into_netns(
-                host, record.ifname, record.netns, mtu=plan.mtu, pod_mac=conf.mac,
+                host, record.ifname, record.netns, mtu=plan.mtu, pod_mac=plan.pod_mac or conf.mac,
                 host_alias=owner_mark(record.network, record.container_id, record.ifname),
             )
         except netlink.LinkExists:
@@ -103,11 +113,18 @@ class OvsDriver(Driver):
                 f"in {record.netns}",
             ) from None
         faults.step("ovs.veth-created")
+        if plan.tx_checksum_off:
+            from tenantnet.plugin.system import ethtool
+
+            ethtool.tx_checksum(record.netns, record.ifname, False)
         record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
         # The transaction (a round trip to ovsdb-server) runs while the core allocates
         # addresses and configures the pod; the core waits for it before answering.
         pending = in_background(ovsport.add_owned_port, db, record, plan, host)
         return Attached(host=Interface(name=host, mac=link.mac), pod_ifname=record.ifname, pending=pending)
+
+    def addressed(self, record: AttachmentRecord, conf: TenantnetConf, ips: list[str]) -> Pending | None:
+        return ovsport.bind_overlay(self.node, record, _plan(record), ips)
 
     def ready(self, record: AttachmentRecord, conf: TenantnetConf) -> bool:
         if not _plan(record).prewarms():
@@ -127,19 +144,22 @@ class OvsDriver(Driver):
         # Deleting the host end removes the pod end too, wherever it is. The kernel takes
         # ≈ 20 ms for it (mostly waiting for RCU), so it runs beside the port's transaction.
         unlink = in_background(delete_own_link, record, host) if done is None or STEP_VETH in done else None
+        unbind = ovsport.unbind_overlay(self.node, record, plan)
         try:
             if done is None or STEP_PORT in done:
                 self._db(plan).delete_port(host, owner=(record.container_id, record.ifname))
                 faults.step("ovs.port-deleted")
         finally:
-            if unlink is not None:
-                unlink.result()
+            for step in (unlink, unbind):
+                if step is not None:
+                    step.result()
 
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
         plan = _plan(record)
         host = plan.host_ifname
         return ovsport.check_owned_port(self._db(plan), record, plan, host) + \
-            ovsport.link_drift(host, "host link") + ovsport.offload_drift(self.node, plan, conf)
+            ovsport.link_drift(host, "host link") + ovsport.offload_drift(self.node, plan, conf) + \
+            ovsport.overlay_drift(self.node, record, plan)
 
     def status(self, raw: dict[str, Any]) -> None:
         try:
@@ -158,6 +178,9 @@ class OvsDriver(Driver):
             prewarm.collect_garbage(self.node, db.endpoint, conf.name, {hint.bridge or ""}, OvsPlan)
         found = ovsport.unrecorded_ports(db, conf.name, self.mode, keep | recorded, lambda port: OvsPlan(
             host_ifname=port.name, bridge=port.bridge, ovsdb=db.endpoint))
+        if hint.on_overlay():  # and the logical ports of this node that no record holds
+            found += ovsport.unrecorded_logical_ports(self.node, hint, found, conf.name, self.mode,
+                                                      keep | recorded, lambda: OvsPlan(ovsdb=db.endpoint))
         # Host veths marked as ours whose OVS port never got written (or was lost).
         seen = keep | recorded | {(r.container_id, r.ifname) for r in found}
         for link in netlink.host_links():

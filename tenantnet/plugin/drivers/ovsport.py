@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar
 
 from cni.errors import CniError, Code
 from tenantnet.plugin import faults
@@ -14,6 +15,10 @@ from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import AttachmentRecord, Plan, PodRef
 from tenantnet.plugin.system import netlink, ovsdb
 from tenantnet.plugin.tnconf import TenantnetConf
+
+if TYPE_CHECKING:
+    from cni.env import CniEnv
+    from tenantnet.plugin.drivers.base import Pending
 
 EXT_NETWORK = "tenantnet-network"
 EXT_CONTAINER = ovsdb.OWNER_CONTAINER
@@ -23,6 +28,7 @@ EXT_POD_NS = "tenantnet-pod-namespace"
 EXT_POD_NAME = "tenantnet-pod-name"
 EXT_POD_UID = "tenantnet-pod-uid"
 STEP_PORT = "port"
+IFACE_ID = "iface-id"
 
 
 PREWARM_PENDING = "pending"  # the network pre-warms; this ADD has not got to it (yet)
@@ -42,6 +48,23 @@ class PortPlan(Plan):
     # (PREWARM_PENDING until the ADD gets to it); and how many OpenFlow rules its ADD wrote.
     prewarm: str = ""
     prewarm_rules: int = 0
+    # An overlay network (drivers/ovnport.py): the logical switch and its port (bound by the
+    # OVS port's iface-id), the NB endpoint and its time-out, the network's segment, the pod
+    # MAC port security names (fixed here, before anything exists), and whether the pod end
+    # must compute its TX checksums (a userspace datapath).
+    overlay_switch: str = ""
+    overlay_port: str = ""
+    overlay_nb: str = ""
+    overlay_timeout: float = 5.0
+    overlay_segment: int | None = None
+    pod_mac: str = ""
+    tx_checksum_off: bool = False
+    _SPARSE: ClassVar[frozenset[str]] = frozenset({
+        "overlay_switch", "overlay_port", "overlay_nb", "overlay_timeout", "overlay_segment", "pod_mac",
+        "tx_checksum_off"})
+
+    def on_overlay(self) -> bool:
+        return bool(self.overlay_port)
 
     def prewarms(self) -> bool:
         """The network pre-warms: drivers/prewarm.py (and its imports) is needed only then."""
@@ -79,6 +102,8 @@ def add_owned_port(db: ovsdb.Ovsdb, record: AttachmentRecord, plan: PortPlan, po
                 EXT_POD_NS: pod.namespace,
                 EXT_POD_NAME: pod.name,
                 EXT_POD_UID: pod.uid,
+                # ovn-controller binds the logical port of this name to this chassis.
+                **({IFACE_ID: plan.overlay_port} if plan.overlay_port else {}),
             },
         )
     )
@@ -175,3 +200,81 @@ def offload_drift(node: NodeConfig, plan: PortPlan, conf: TenantnetConf) -> list
         return []
     return ["offloadCheck require: the attachment carries traffic and none of its active flows is in "
             f"hardware ({summary.message()})"]
+
+
+# ---- overlay networks (drivers/ovnport.py has the OVN side) ------------------------------------
+def plan_overlay(plan: PortPlan, node: NodeConfig, conf: TenantnetConf, env: CniEnv) -> None:
+    """Fill the overlay part of a port plan: names only, all derived from the attachment, so
+    a DEL without a record or GC names the same logical port."""
+    ov = conf.ovs.overlay if conf.ovs is not None else None
+    if ov is None:
+        return
+    from tenantnet.plugin.drivers import ovnport
+
+    plan.overlay_switch = ov.switch
+    plan.overlay_segment = ov.segment
+    plan.overlay_nb = ov.northbound
+    plan.overlay_timeout = ov.timeout
+    plan.overlay_port = ovnport.port_name(ovnport.node_name(node), env.container_id, env.ifname)
+    plan.pod_mac = conf.mac or ovnport.pod_mac(conf.name, env.container_id, env.ifname)
+    plan.tx_checksum_off = ov.rail.userspace_datapath
+
+
+def bind_overlay(node: NodeConfig, record: AttachmentRecord, plan: PortPlan,
+                 ips: list[str]) -> Pending | None:
+    """Start writing the attachment's logical port (once IPAM has answered)."""
+    if not plan.on_overlay():
+        return None
+    from tenantnet.plugin.drivers import ovnport
+    from tenantnet.plugin.drivers.base import in_background
+
+    record.mark(ovnport.STEP_LSP)  # before: the transaction may commit and still report failure
+    network = record.network
+    return in_background(ovnport.bind, node, record, network, plan.overlay_segment, plan.overlay_switch,
+                         plan.overlay_nb, plan.overlay_timeout, plan.overlay_port, plan.pod_mac, ips)
+
+
+def unbind_overlay(node: NodeConfig, record: AttachmentRecord, plan: PortPlan) -> Pending | None:
+    """Start removing the attachment's logical port (DEL, rollback, GC), if it may exist."""
+    if not plan.on_overlay():
+        return None
+    from tenantnet.plugin.drivers import ovnport
+    from tenantnet.plugin.drivers.base import in_background
+
+    if record.progress is not None and ovnport.STEP_LSP not in record.progress:
+        return None
+    return in_background(ovnport.unbind, node, record, plan.overlay_nb, plan.overlay_timeout,
+                         plan.overlay_port)
+
+
+def overlay_drift(node: NodeConfig, record: AttachmentRecord, plan: PortPlan) -> list[str]:
+    if not plan.on_overlay():
+        return []
+    from tenantnet.plugin.drivers import ovnport
+
+    ips = [ip.get("address", "") for ip in (record.result or {}).get("ips", []) if isinstance(ip, dict)]
+    return ovnport.drift(node, plan.overlay_nb, plan.overlay_timeout, plan.overlay_port, plan.pod_mac, ips)
+
+
+def unrecorded_logical_ports(node: NodeConfig, hint: PortPlan, found: list[AttachmentRecord], network: str,
+                             mode: str, known: set[tuple[str, str]],
+                             new_plan: Callable[[], PortPlan]) -> list[AttachmentRecord]:
+    """GC on an overlay network: the unrecorded OVS ports and links already `found` get their
+    logical port named in their plans (so detach removes it too), and this node's logical
+    ports that nothing holds become synthetic records of their own."""
+    from tenantnet.plugin.drivers import ovnport
+
+    def overlay(plan: Plan, lsp: str) -> None:
+        assert isinstance(plan, PortPlan)
+        plan.overlay_port, plan.overlay_nb, plan.overlay_timeout = lsp, hint.overlay_nb, hint.overlay_timeout
+
+    here = ovnport.node_name(node)
+    for record in found:
+        overlay(record.plan, ovnport.port_name(here, record.container_id, record.ifname))
+    seen = known | {(r.container_id, r.ifname) for r in found}
+    extra = []
+    for lsp, cid, ifname in ovnport.unrecorded(node, hint.overlay_nb, hint.overlay_timeout, network, seen):
+        plan = new_plan()
+        overlay(plan, lsp)
+        extra.append(AttachmentRecord(network=network, container_id=cid, ifname=ifname, mode=mode, plan=plan))
+    return extra

@@ -62,6 +62,7 @@ from tenantnet.plugin.system.ovsdb import (
 DB = "OVN_Northbound"
 OWNER_NETWORK = "tenantnet-network"
 OWNER_NODE = "tenantnet-node"
+OWNER_SWITCH = "tenantnet-switch"  # a port's switch (a network's segments are switches of their own)
 SWITCH_PREFIX = "tn-"
 # OVN 23.03 ovn-nb(5): Logical_Switch other_config:requested-tnl-key, an integer in
 # 1..16,777,215 that ovn-northd honours as the datapath's tunnel key (the Geneve VNI).
@@ -94,8 +95,11 @@ class PortInUse(NbFailure):
     """A port of ours of that name serves another attachment."""
 
 
-def switch_name(network: str) -> str:
-    return SWITCH_PREFIX + network
+def switch_name(network: str, segment: int | None = None) -> str:
+    """The logical switch of a network, or of one segment of it (`tn-<network>.<segment>`:
+    under a tenancy policy one network carries each tenant's segment on a switch of its own;
+    a TenantNetwork's segment is also the switch's tunnel key)."""
+    return SWITCH_PREFIX + network + (f".{segment}" if segment is not None else "")
 
 
 @dataclass(frozen=True)
@@ -159,7 +163,8 @@ def _port(row: Any) -> LogicalPort:
     ids = dict(row.external_ids)
     network = ids.get(OWNER_NETWORK, "")
     return LogicalPort(
-        name=row.name, switch=switch_name(network) if network else "", network=network,
+        name=row.name, switch=ids.get(OWNER_SWITCH) or (switch_name(network) if network else ""),
+        network=network,
         node=ids.get(OWNER_NODE, ""), container_id=ids.get(OWNER_CONTAINER, ""),
         ifname=ids.get(OWNER_IFNAME, ""), addresses=list(row.addresses),
         port_security=list(row.port_security), up=_opt(row.up), external_ids=ids)
@@ -225,7 +230,8 @@ def _commands() -> Any:
                     continue
                 name = row.name  # a deleted row can no longer be read
                 ls = idlutils.row_by_value(self.api.idl, _LS, "name",
-                                           switch_name(ids.get(OWNER_NETWORK, "")), None)
+                                           ids.get(OWNER_SWITCH) or switch_name(ids.get(OWNER_NETWORK, "")),
+                                           None)
                 if ls is not None:
                     ls.delvalue("ports", row)
                 row.delete()
@@ -325,13 +331,16 @@ class OvnNb:
 
     # ---- switches ---------------------------------------------------------------------------
     def ensure_switch(self, network: str, tunnel_key: int | None = None,
-                      external_ids: dict[str, str] | None = None) -> str:
-        """The network's logical switch, created if missing; an existing one of ours gets
-        the tunnel key and ids given (a switch of that name that is not ours: NbFailure)."""
-        name = switch_name(network)
+                      external_ids: dict[str, str] | None = None, *, segment: int | None = None,
+                      create_only: bool = False) -> str:
+        """The logical switch of the network (its segment), created if missing; an existing
+        one of ours gets the tunnel key and ids given, unless `create_only` (the agent: the
+        renderer owns a TenantNetwork's switch and its key). A switch of that name that is
+        not ours: NbFailure."""
+        name = switch_name(network, segment)
         if tunnel_key is not None and not 1 <= tunnel_key <= MAX_TNL_KEY:
             raise NbFailure(f"network {network}: tunnel key {tunnel_key} is outside 1..{MAX_TNL_KEY}")
-        ids = {**(external_ids or {}), OWNER_KEY: OWNER, OWNER_NETWORK: network}
+        ids = {**(external_ids or {}), OWNER_KEY: OWNER, OWNER_NETWORK: network, OWNER_SWITCH: name}
         other = {TNL_KEY: str(tunnel_key)} if tunnel_key is not None else {}
         api = self.api()
         with api.ovsdb_connection.lock:
@@ -341,7 +350,7 @@ class OvnNb:
             self._refuse_foreign_switch(name)
             self._commit(f"creating logical switch {name}",
                          api.ls_add(name, external_ids=ids, other_config=other))
-        else:
+        elif not create_only:
             cmds = [api.db_set(_LS, row.uuid, ("external_ids", ids))]
             if other:
                 cmds.append(api.db_set(_LS, row.uuid, ("other_config", other)))
@@ -379,8 +388,9 @@ class OvnNb:
         Idempotent: a port of ours with this name and attachment is answered as is."""
         if self.scope.node is None and OWNER_NODE not in external_ids:
             raise NbFailure(f"logical port {name}: external_ids must name the node ({OWNER_NODE})")
-        network = switch[len(SWITCH_PREFIX):] if switch.startswith(SWITCH_PREFIX) else switch
-        ids = {**external_ids, OWNER_KEY: OWNER, OWNER_NETWORK: network}
+        network = external_ids.get(OWNER_NETWORK) or (
+            switch[len(SWITCH_PREFIX):] if switch.startswith(SWITCH_PREFIX) else switch)
+        ids = {**external_ids, OWNER_KEY: OWNER, OWNER_NETWORK: network, OWNER_SWITCH: switch}
         if self.scope.node is not None:
             ids[OWNER_NODE] = self.scope.node
         address = _address(mac, ips)
