@@ -31,12 +31,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from tenantnet.plugin.system.ovnnb import DB, OWNER_NETWORK, TNL_KEY, NbFailure, NbUnavailable
+from tenantnet.plugin.system.ovnnb import (
+    DB,
+    OWNER_NETWORK,
+    OWNER_TENANT_NETWORK,
+    TNL_KEY,
+    NbFailure,
+    NbUnavailable,
+)
 from tenantnet.plugin.system.ovsdb import OWNER, OWNER_KEY, Ovsdb, OvsdbFailure, OvsdbUnavailable
 from tenantnet.plugin.tnrender import overlay_switch
 
 OWNER_SWITCH = "tenantnet-switch"
-RENDERED_BY = "tenantnet-tenant-network"  # the TenantNetwork whose switch this is (the renderer's mark)
+RENDERED_BY = OWNER_TENANT_NETWORK  # the TenantNetwork whose switch this is (the renderer's mark)
 _LS = "Logical_Switch"
 
 # status.overlay.state

@@ -112,8 +112,9 @@ OVERLAY_FABRIC = "the Geneve overlay"
 def overlay_switch(network: str, segment: int) -> str:
     """The logical switch of an overlay TenantNetwork: `tn-<network>.<segment>` (issue 29's
     spec; a new segment is a new switch, the old one removed once its ports are gone)."""
-    # TODO(issue 29): ovnnb.switch_name(network, segment) once the lead's change lands there.
-    return f"tn-{network}.{segment}"
+    from tenantnet.plugin.system.ovnnb import switch_name
+
+    return switch_name(network, segment)
 
 
 def cluster_conflicts(networks: list[TenantNetwork], resolver_tenants: Mapping[str, frozenset[str]]

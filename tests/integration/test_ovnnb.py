@@ -221,3 +221,42 @@ def test_concurrent_adds_from_worker_threads(server: nbserver.NbServer, agent: o
     assert [p.container_id for p in ports] == [f"k{i}" for i in range(40)]
     assert {p.name for p in agent.ports_of()} == {f"conc-{i}" for i in range(40)}
     assert len(_port_uuids(server, "tn-blue")) == OTHERS + 40
+
+
+def test_agents_racing_to_make_one_switch_make_one(server: nbserver.NbServer) -> None:
+    """Switch names are not unique in the NB schema: 6 agents (own connections) making the
+    same network's switch at once leave exactly one (the create is conditional on no row of
+    that name), and each of them then adds its port to that one."""
+    import threading
+
+    handles = [ovnnb.OvnNb(server.endpoint, ovnnb.Scope(node=f"race-{i}")) for i in range(6)]
+    for nb in handles:
+        nb.api()  # connected before the race, so the creates meet
+    start = threading.Barrier(len(handles))
+    errors: list[BaseException] = []
+
+    def make(nb: ovnnb.OvnNb, i: int) -> None:
+        try:
+            start.wait()
+            nb.ensure_switch("racing", segment=7, create_only=True)
+            nb.add_port("tn-racing.7", f"race-port-{i}", f"0a:00:00:00:00:{i:02x}", [f"10.7.0.{i + 1}"],
+                        _ids(f"race-c{i}"))
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=make, args=(nb, i)) for i, nb in enumerate(handles)]
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors, errors
+        rows = json.loads(server.nbctl("--format=json", "--columns=_uuid", "find", "Logical_Switch",
+                                       "name=tn-racing.7"))["data"]
+        assert len(rows) == 1
+        assert _switch_ports(server, "tn-racing.7") == {f"race-port-{i}" for i in range(len(handles))}
+    finally:
+        for nb in handles:
+            nb.gc(keep=())
+            nb.close()
+        server.nbctl("--if-exists", "ls-del", "tn-racing.7")

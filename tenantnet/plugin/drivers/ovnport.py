@@ -28,6 +28,7 @@ from tenantnet.plugin import digest, faults
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import AttachmentRecord
 from tenantnet.plugin.system.ovsdb import OWNER_CONTAINER, OWNER_IFNAME
+from tenantnet.plugin.tenantnetworks import NETWORK_FIELD as TENANT_NETWORK_FIELD
 
 STEP_LSP = "lsp"
 NODE_NAME_ENV = "TENANTNET_NODE_NAME"  # as the agent's (tenantnet/kube/watch.py)
@@ -81,8 +82,12 @@ def bind(node: NodeConfig, record: AttachmentRecord, network: str, segment: int 
         key, now = (endpoint, switch), time.monotonic()
         with _seen_lock:
             fresh = now - _switches_seen.get(key, -SWITCH_SEEN_FOR) < SWITCH_SEEN_FOR
+        # A switch of a TenantNetwork carries its mark, as the renderer's own would, so that the
+        # renderer retires it with the network even if it never saw it before.
+        tenant_network = record.conf.get(TENANT_NETWORK_FIELD)
+        marks = {ovnnb.OWNER_TENANT_NETWORK: tenant_network} if isinstance(tenant_network, str) else {}
         if not fresh:
-            nb.ensure_switch(network, segment=segment, create_only=True)
+            nb.ensure_switch(network, external_ids=marks, segment=segment, create_only=True)
             with _seen_lock:
                 _switches_seen[key] = now
         faults.step("ovn.lsp-adding")
@@ -93,7 +98,7 @@ def bind(node: NodeConfig, record: AttachmentRecord, network: str, segment: int 
         except ovnnb.SwitchNotFound:  # removed since it was seen: make it again, once
             with _seen_lock:
                 _switches_seen.pop(key, None)
-            nb.ensure_switch(network, segment=segment, create_only=True)
+            nb.ensure_switch(network, external_ids=marks, segment=segment, create_only=True)
             nb.add_port(switch, lsp, mac, ips, ids)
         faults.step("ovn.lsp-added")
     except (ovnnb.NbFailure, ovnnb.NbUnavailable) as exc:

@@ -63,6 +63,9 @@ DB = "OVN_Northbound"
 OWNER_NETWORK = "tenantnet-network"
 OWNER_NODE = "tenantnet-node"
 OWNER_SWITCH = "tenantnet-switch"  # a port's switch (a network's segments are switches of their own)
+# The TenantNetwork a switch serves: the renderer's mark (tenantnet/kube/nbswitches.py), also
+# written by an agent that makes the switch first, so the renderer may retire it.
+OWNER_TENANT_NETWORK = "tenantnet-tenant-network"
 SWITCH_PREFIX = "tn-"
 # OVN 23.03 ovn-nb(5): Logical_Switch other_config:requested-tnl-key, an integer in
 # 1..16,777,215 that ovn-northd honours as the datapath's tunnel key (the Geneve VNI).
@@ -153,6 +156,12 @@ def _not_ours_message(name: str, ids: dict[str, str]) -> str:
     else:
         holder = f"not tenantnet's (external_ids:{OWNER_KEY} missing)"
     return f"a logical switch port named {name} exists in the NB and is {holder}; leaving it alone"
+
+
+def _is_ours(ids: Any) -> bool:
+    """A selected row's external_ids (OVSDB's ["map", pairs]) carry our ownership."""
+    pairs = ids[1] if isinstance(ids, list) and len(ids) == 2 and ids[0] == "map" else []
+    return [OWNER_KEY, OWNER] in pairs
 
 
 def _opt(value: Any) -> Any:
@@ -348,8 +357,7 @@ class OvnNb:
             row = idlutils.row_by_value(api.idl, _LS, "name", name, None)
         if row is None:
             self._refuse_foreign_switch(name)
-            self._commit(f"creating logical switch {name}",
-                         api.ls_add(name, external_ids=ids, other_config=other))
+            self._create_switch(name, ids, other)
         elif not create_only:
             cmds = [api.db_set(_LS, row.uuid, ("external_ids", ids))]
             if other:
@@ -357,13 +365,40 @@ class OvnNb:
             self._commit(f"updating logical switch {name}", *cmds)
         return name
 
+    def _create_switch(self, name: str, ids: dict[str, str], other: dict[str, str]) -> None:
+        """Insert the switch only while no switch of that name exists, in one transaction
+        (a `wait` for no such row, then the insert): names are not unique in the NB schema,
+        and two agents making the same network's switch at once would otherwise make twins,
+        each with half of the network's ports. Losing that race is fine: the winner's switch
+        is the one (checked to be ours)."""
+        what = f"creating logical switch {name}"
+        ops = [{"op": "wait", "table": _LS, "where": [["name", "==", name]], "columns": ["name"],
+                "until": "==", "rows": [], "timeout": 0},
+               {"op": "insert", "table": _LS, "row": {
+                   "name": name, "external_ids": ["map", sorted(ids.items())],
+                   "other_config": ["map", sorted(other.items())]}}]
+        db = Ovsdb(self.endpoint, self.timeout)
+        try:
+            result = db._rpc_call(what, "transact", [DB, *ops])
+        except OvsdbUnavailable as exc:
+            raise NbUnavailable(str(exc)) from None
+        finally:
+            db.close()
+        replies = result if isinstance(result, list) else []
+        errors = [r for r in replies if isinstance(r, dict) and r.get("error")]
+        if errors and errors[0].get("error") == "timed out":  # made meanwhile: ours, or not?
+            self._refuse_foreign_switch(name)
+            return
+        if errors:
+            raise NbFailure(f"{what}: {errors[0].get('error')}: {errors[0].get('details', '')}")
+
     def _refuse_foreign_switch(self, name: str) -> None:
         """Switch names are not unique in the NB schema: look (once, outside the replica)
         for a switch of that name that is not ours, rather than create a twin of it."""
         rows = self._select(f"looking up logical switch {name}",
                             {"op": "select", "table": _LS, "where": [["name", "==", name]],
                              "columns": ["external_ids"]})
-        if rows:
+        if any(not _is_ours(r.get("external_ids")) for r in rows):
             raise NbFailure(f"a logical switch named {name} exists in the NB and is not tenantnet's "
                             f"(external_ids:{OWNER_KEY} missing); leaving it alone")
 
