@@ -185,6 +185,8 @@ def bind_fabric(policy: Any, raw: dict[str, Any], node: NodeConfig) -> dict[str,
     mode = raw.get("mode")
     if mode is not None and mode not in decl.modes():
         raise _deny("mode", mode, f"{where} for mode {' or '.join(decl.modes())}")
+    if decl.overlay or raw.get("overlay") not in (None, "", False):
+        return _bind_overlay(decl, raw, out, where)
     if raw.get("bridge") not in (None, "") and raw["bridge"] != decl.bridge:
         raise _deny("bridge", raw["bridge"], f"{where} on bridge {decl.bridge or '(none: SR-IOV)'}")
     if decl.bridge:
@@ -211,5 +213,33 @@ def bind_fabric(policy: Any, raw: dict[str, Any], node: NodeConfig) -> dict[str,
         field, value = next(iter(names_vf.items()))
         raise _deny(field, value, f"{where} without PFs (an OVS veth port), so no VF may be named")
     if decl.pfs and raw.get("pf") is None and pfs is None:
+        out["pfs"] = list(decl.pfs)
+    return out
+
+
+def _bind_overlay(decl: Any, raw: dict[str, Any], out: dict[str, Any], where: str) -> dict[str, Any]:
+    """An overlay network's declaration over the NAD: overlay and rail are the admin's; a NAD
+    may not make a declared VLAN network an overlay, nor name another rail or a bridge."""
+    if not decl.overlay:
+        fabric = f"bridge {decl.bridge}" if decl.bridge else f"PFs {', '.join(decl.pfs)}"
+        raise _deny("overlay", raw.get("overlay"), f"{where} as a VLAN network on {fabric}, not an overlay")
+    for field, declared in (("overlay", decl.overlay), ("rail", decl.rail)):
+        if raw.get(field) not in (None, "") and raw[field] != declared:
+            raise _deny(field, raw[field], f"{where} with {field} {declared or '(the node default)'}")
+    for field in ("bridge", "socket_file", "configuration_path"):
+        if raw.get(field) not in (None, ""):
+            raise _deny(field, raw[field], f"{where} as an overlay: its port goes on the rail's integration "
+                                           "bridge, which the node config names")
+    if raw.get("pf") is not None and raw["pf"] not in decl.pfs:
+        raise _deny("pf", raw["pf"], f"{where} on PFs {', '.join(decl.pfs) or '(none)'}")
+    pfs = raw.get("pfs")
+    if pfs is not None and (not isinstance(pfs, list) or not set(pfs) <= set(decl.pfs)):
+        raise _deny("pfs", pfs, f"{where} on PFs {', '.join(decl.pfs) or '(none)'}")
+    out["overlay"] = decl.overlay
+    if decl.rail:
+        out["rail"] = decl.rail
+    else:
+        out.pop("rail", None)
+    if decl.pfs and raw.get("pf") is None and raw.get("pfs") is None:
         out["pfs"] = list(decl.pfs)
     return out

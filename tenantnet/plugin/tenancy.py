@@ -71,15 +71,25 @@ class NetworkDecl:
     bridge: str = ""
     ovsdb: str = ""
     pfs: tuple[str, ...] = ()
+    # An overlay network (docs/overlay.md): `overlay: geneve` and its `rail` (the node's
+    # default rail when empty); its VLANs are segments, each a logical switch of its own.
+    overlay: str = ""
+    rail: str = ""
+    name: str = ""
 
     def modes(self) -> tuple[str, ...]:
+        if self.overlay:
+            return ("ovs-offload",) if self.pfs else ("ovs",)
         if self.bridge and self.pfs:
             return ("ovs-offload",)
         return ("ovs",) if self.bridge else ("sriov",)
 
     def fabrics(self, node_ovsdb: str, pf_identity: Any = None) -> list[str]:
         """The switches a VLAN of this network lives on (for "one VLAN, one tenant"); a PF
-        named by netdev in one network and by PCI address in another is one fabric."""
+        named by netdev in one network and by PCI address in another is one fabric. An
+        overlay's segment is a logical switch of that network alone."""
+        if self.overlay:
+            return [f"overlay network {self.name}"]
         if self.bridge:
             return [f"bridge {self.bridge} on {self.ovsdb or node_ovsdb}"]
         return [f"PF {pf_identity(pf) if pf_identity else pf}" for pf in self.pfs]
@@ -145,8 +155,27 @@ def _declarations(raw: Any, node: Any) -> dict[str, NetworkDecl]:
     out = {}
     for net, spec in raw.items():
         where = f"networks.{net}"
-        if not isinstance(spec, dict) or not set(spec) <= {"bridge", "ovsdb", "pfs"}:
-            raise _bad(where, spec, "must be a mapping with bridge (and ovsdb) and/or pfs")
+        if not isinstance(spec, dict) or not set(spec) <= {"bridge", "ovsdb", "pfs", "overlay", "rail"}:
+            raise _bad(where, spec, "must be a mapping with bridge (and ovsdb) and/or pfs, or overlay "
+                                    "(and rail, and pfs for ovs-offload)")
+        overlay = spec.get("overlay") or ""
+        if overlay:
+            rail = spec.get("rail") or ""
+            if overlay != "geneve":
+                raise _bad(f"{where}.overlay", overlay, 'must be "geneve"')
+            if rail and not (isinstance(rail, str) and _NAME.fullmatch(rail)):
+                raise _bad(f"{where}.rail", rail, "must be a rail name of the node config's ovn.rails")
+            if spec.get("bridge") or spec.get("ovsdb"):
+                raise _bad(f"{where}.bridge", spec.get("bridge") or spec.get("ovsdb"),
+                           "an overlay's port goes on its rail's integration bridge (node config ovn.rails): "
+                           "give rail, not bridge or ovsdb")
+            pfs = spec.get("pfs") or []
+            if not isinstance(pfs, list) or not all(isinstance(p, str) and _NAME.fullmatch(p) for p in pfs):
+                raise _bad(f"{where}.pfs", pfs, "must be a list of PF netdev names or PCI addresses")
+            out[str(net)] = NetworkDecl(pfs=tuple(pfs), overlay=overlay, rail=rail, name=str(net))
+            continue
+        if spec.get("rail"):
+            raise _bad(f"{where}.rail", spec["rail"], "names an overlay rail: only with overlay")
         bridge = spec.get("bridge") or ""
         if bridge and not (isinstance(bridge, str) and _NAME.fullmatch(bridge)):
             raise _bad(f"{where}.bridge", bridge, "must be an OVS bridge name")
@@ -323,7 +352,9 @@ def decide(policy: TenantPolicy, namespace: str, pod: str, network: str, raw: di
 def enforce(policy: TenantPolicy, conf: Any, env: Any, log: Any) -> Any:
     """Check an ADD against the policy; return the config to use (VLAN filled in, defaults forced)."""
     settings = conf.ovs or conf.vf
-    vlan = settings.vlan if settings is not None else None
+    overlay = conf.ovs.overlay if conf.ovs is not None else None
+    # An overlay carries no tag: its `vlan` is the segment (a logical switch of its own).
+    vlan = overlay.segment if overlay is not None else (settings.vlan if settings is not None else None)
     trunks = conf.ovs.trunks if conf.ovs is not None else ()
     d = decide(policy, env.args.pod_namespace, env.args.pod_name, conf.name, conf.base.raw,
                vlan if conf.base.raw.get("vlan") != TENANT_VLAN else None, trunks)
@@ -334,7 +365,12 @@ def enforce(policy: TenantPolicy, conf: Any, env: Any, log: Any) -> Any:
         raise CniError(Code.TENANT_DENIED, f"tenant isolation: {d.reason}")
     log.info("security.allowed", network=conf.name, pod_namespace=env.args.pod_namespace,
              pod_name=env.args.pod_name, tenant=d.tenant)
-    if d.vlan is not None:
+    if d.vlan is not None and overlay is not None:
+        from tenantnet.plugin.system.ovnnb import switch_name
+
+        conf = replace(conf, ovs=replace(conf.ovs, overlay=replace(
+            overlay, segment=d.vlan, switch=switch_name(conf.name, d.vlan))))
+    elif d.vlan is not None:
         if conf.ovs is not None:
             conf = replace(conf, ovs=replace(conf.ovs, vlan=d.vlan))
         if conf.vf is not None:
