@@ -137,7 +137,10 @@ def cmd_ls(args: argparse.Namespace) -> int:
             "rdmaDevice": vf.rdma if vf else None, "rdmaInPod": bool(vf and vf.rdma and vf.rdma_isolated),
             "gpu": vf.gpu if vf else None, "gpuDistance": vf.gpu_distance if vf else None,
             # The outcome of its pre-warm (docs/offload.md); "" where the network does not pre-warm.
-            "prewarm": port.prewarm if port else "",
+            "prewarm": (port.prewarm or port.prewarm_note) if port else "",
+            # An overlay attachment: its logical switch and port (docs/overlay.md).
+            "overlaySwitch": port.overlay_switch if port else "",
+            "overlayPort": port.overlay_port if port else "",
         })
     # Unreadable records moved aside by DEL/GC (tenantnet.plugin.records): listed so nobody misses them.
     corrupt += [{"path": p, "problem": "unreadable record (quarantined)", "quarantined": True}

@@ -40,6 +40,9 @@ class OvsPortSettings:
     ovsdb: str = ""
     prewarm: bool = False  # `prewarm` (default: the node config's): drivers/prewarm.py
     overlay: Overlay | None = None  # `overlay: geneve` (tenantnet/plugin/overlay.py)
+    # Pre-warm was asked for on an overlay, where it does not run (its rules pair ports of one
+    # bridge by OpenFlow number; an overlay's peers are behind tunnels): said per attachment.
+    prewarm_declined: bool = False
 
 
 RDMA_CHOICES = ("auto", "exclusive", "off")
@@ -289,6 +292,8 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
             )
         mtu = _int_field(raw, "mtu", 68, 65535)
         endpoint = settings.ovsdb_endpoint(raw, node)
+        # On an overlay nothing is written on the bridge for pre-warm, so no bridge rule applies.
+        wants_prewarm = _prewarm(raw, node, bridge, env.command == "ADD" and on_overlay is None)
         if on_overlay is not None:
             mtu = overlay.check_mtu(on_overlay, mtu)
             endpoint = on_overlay.rail.ovsdb or node.ovsdb
@@ -301,10 +306,13 @@ def parse(conf: NetConf, env: CniEnv, node: NodeConfig) -> TenantnetConf:
             ovsdb=endpoint,
             # Pre-warm pairs ports on one bridge by OpenFlow number; an overlay's peers are
             # behind tunnels (docs/overlay.md: the ADD says it did not warm).
-            prewarm=_prewarm(raw, node, bridge, env.command == "ADD") and on_overlay is None,
+            prewarm=wants_prewarm and on_overlay is None,
+            prewarm_declined=wants_prewarm and on_overlay is not None,
             overlay=on_overlay,
         )
-        if env.command == "ADD":  # DEL and GC undo what an ADD made, under whatever node config
+        # DEL and GC undo what an ADD made, under whatever node config. An overlay port is
+        # never a pre-warm target (its MAC is pinned by the logical port's port security).
+        if env.command == "ADD" and on_overlay is None:
             _prewarm_bridge_fields(conf, env, node, ovs)
         for key in ("link_state_check_retries", "link_state_check_interval"):
             _int_field(raw, key, 0, 100000)  # accepted for ovs-cni compatibility; veths need no wait

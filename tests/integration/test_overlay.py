@@ -224,3 +224,22 @@ def test_tenancy_segments_are_switches_and_stay_the_tenants(lab: ovn.OvnLab, tmp
         assert set(lsps(lab)) == before and not link(b)
     finally:
         cni("DEL", n1, conf("ov-ten", vlan="tenant"), "a5" * 32, a, str(node_config), "team-a")
+
+
+def test_prewarm_on_an_overlay_is_declined_and_said_per_attachment(lab: ovn.OvnLab) -> None:
+    """Pre-warm pairs ports of one bridge; on an overlay the ADD succeeds unwarmed, and the
+    attachment says so (`tenantnetctl ls`)."""
+    n1 = lab.nodes[0]
+    a = pod_netns(lab, n1, "a6")
+    net = conf("ov-warm", prewarm=True)
+    code, ra = cni("ADD", n1, net, "a6" * 32, a)
+    assert code == 0, ra
+    try:
+        out = subprocess.run(["ip", "netns", "exec", n1.netns, "env", f"TENANTNET_CONFIG={n1.node_config}",
+                              str(BIN / "tenantnetctl"), "ls", "--json"], capture_output=True, text=True,
+                             check=True).stdout
+        rows = [r for r in json.loads(out) if r.get("network") == "ov-warm"]
+        assert len(rows) == 1 and rows[0]["prewarm"] == "not warmed: overlay"
+        assert rows[0]["overlaySwitch"] == "tn-ov-warm" and rows[0]["overlayPort"].endswith(f".{n1.name}")
+    finally:
+        cni("DEL", n1, net, "a6" * 32, a)

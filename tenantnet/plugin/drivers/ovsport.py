@@ -32,6 +32,9 @@ IFACE_ID = "iface-id"
 
 
 PREWARM_PENDING = "pending"  # the network pre-warms; this ADD has not got to it (yet)
+# Pre-warm pairs ports of one bridge by OpenFlow number; an overlay's peers are behind its
+# tunnels, so an overlay attachment is not warmed (its tunnel flows neither): said per pod.
+PREWARM_NOT_ON_OVERLAY = "not warmed: overlay"
 
 
 @dataclass
@@ -59,9 +62,11 @@ class PortPlan(Plan):
     overlay_segment: int | None = None
     pod_mac: str = ""
     tx_checksum_off: bool = False
+    # Why the network's pre-warm did not run for this attachment ("" when it was not asked).
+    prewarm_note: str = ""
     _SPARSE: ClassVar[frozenset[str]] = frozenset({
         "overlay_switch", "overlay_port", "overlay_nb", "overlay_timeout", "overlay_segment", "pod_mac",
-        "tx_checksum_off"})
+        "tx_checksum_off", "prewarm_note"})
 
     def on_overlay(self) -> bool:
         return bool(self.overlay_port)
@@ -218,6 +223,8 @@ def plan_overlay(plan: PortPlan, node: NodeConfig, conf: TenantnetConf, env: Cni
     plan.overlay_port = ovnport.port_name(ovnport.node_name(node), env.container_id, env.ifname)
     plan.pod_mac = conf.mac or ovnport.pod_mac(conf.name, env.container_id, env.ifname)
     plan.tx_checksum_off = ov.rail.userspace_datapath
+    if conf.ovs is not None and conf.ovs.prewarm_declined:
+        plan.prewarm_note = PREWARM_NOT_ON_OVERLAY
 
 
 def bind_overlay(node: NodeConfig, record: AttachmentRecord, plan: PortPlan,
