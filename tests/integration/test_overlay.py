@@ -243,3 +243,21 @@ def test_prewarm_on_an_overlay_is_declined_and_said_per_attachment(lab: ovn.OvnL
         assert rows[0]["overlaySwitch"] == "tn-ov-warm" and rows[0]["overlayPort"].endswith(f".{n1.name}")
     finally:
         cni("DEL", n1, net, "a6" * 32, a)
+
+
+def test_status_asks_the_rails_ovsdb_and_the_northbound(lab: ovn.OvnLab, tmp_path: Path) -> None:
+    """STATUS of an overlay network: 0 while both answer; 50 naming the NB when the node
+    config's northbound is a socket nothing serves."""
+    n1 = lab.nodes[0]
+    net = {**conf("ov-status"), "cniVersion": "1.1.0"}
+    # No agent runs in this lab: without agentSocket, STATUS does not ask for one.
+    text = "".join(line for line in Path(n1.node_config).read_text().splitlines(keepends=True)
+                   if not line.startswith("agentSocket:"))
+    working, broken = tmp_path / "node.yaml", tmp_path / "broken.yaml"
+    working.write_text(text)
+    code, err = cni("STATUS", n1, net, "", "", str(working))
+    assert code == 0, err
+    broken.write_text(text.replace(f"northbound: unix:{lab.root}/central/nb.sock",
+                                   f"northbound: unix:{tmp_path}/no-nb.sock"))
+    code, err = cni("STATUS", n1, net, "", "", str(broken))
+    assert code == 1 and err["code"] == 50 and "no-nb.sock" in err["msg"], err

@@ -162,6 +162,9 @@ class OvsDriver(Driver):
             ovsport.overlay_drift(self.node, record, plan)
 
     def status(self, raw: dict[str, Any]) -> None:
+        if raw.get("overlay") not in (None, "", False):
+            ovsport.probe_overlay(self.node, raw, self.mode)
+            return
         try:
             endpoint = settings.ovsdb_endpoint(raw, self.node)
         except CniError as err:

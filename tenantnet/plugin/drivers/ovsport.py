@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from cni.errors import CniError, Code
 from tenantnet.plugin import faults
@@ -175,15 +175,16 @@ def unrecorded_ports(db: ovsdb.Ovsdb, network: str, mode: str, known: set[tuple[
 STATUS_OVSDB_BOUND = 2.0
 
 
-def probe(node: NodeConfig, endpoint: str) -> None:
-    """STATUS of a mode with OVS ports: is this OVSDB answering? CniError 50 if not."""
+def probe(node: NodeConfig, endpoint: str, database: str = ovsdb.DB) -> None:
+    """STATUS of a mode with OVS ports: is this OVSDB answering (and, for an overlay, the
+    OVN northbound database)? CniError 50 if not."""
     if node.ovsdb_timeout <= STATUS_OVSDB_BOUND:
         timeout, source = node.ovsdb_timeout, "ovsdbTimeout"
     else:
         # A time-out message names the bound that ran out, not a setting of another value.
         timeout, source = STATUS_OVSDB_BOUND, f"STATUS's bound; ovsdbTimeout is {node.ovsdb_timeout:g}s"
     try:
-        ovsdb.probe(endpoint, timeout=timeout, timeout_source=source)
+        ovsdb.probe(endpoint, timeout=timeout, timeout_source=source, database=database)
     except ovsdb.OvsdbUnavailable as exc:
         raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {exc}") from None
 
@@ -285,3 +286,19 @@ def unrecorded_logical_ports(node: NodeConfig, hint: PortPlan, found: list[Attac
         overlay(plan, lsp)
         extra.append(AttachmentRecord(network=network, container_id=cid, ifname=ifname, mode=mode, plan=plan))
     return extra
+
+
+def probe_overlay(node: NodeConfig, raw: dict[str, Any], mode: str) -> None:
+    """STATUS of an overlay network: its rail's OVSDB and the OVN northbound database answer
+    (a config that names no overlay: nothing to add). CniError 50 if not."""
+    from tenantnet.plugin import overlay
+
+    if raw.get("overlay") in (None, "", False):
+        return
+    try:
+        ov = overlay.parse(raw, node, mode, None, ())
+    except CniError as err:
+        raise CniError(Code.NOT_AVAILABLE, f"tenantnet is not available: {err.msg}") from None
+    assert ov is not None
+    probe(node, ov.rail.ovsdb or node.ovsdb)
+    probe(node, ov.northbound, database="OVN_Northbound")

@@ -620,10 +620,12 @@ class Ovsdb:
         raise OvsdbUnavailable(f"{what}: the port kept changing in OVSDB at {self.endpoint}; try again")
 
 
-def probe(endpoint: str, timeout: float = 1.0, timeout_source: str = "the probe's time-out") -> None:
+def probe(endpoint: str, timeout: float = 1.0, timeout_source: str = "the probe's time-out",
+          database: str = DB) -> None:
     """Fail fast (OvsdbUnavailable) unless an OVSDB server answers `list_dbs` at `endpoint`,
-    naming Open_vSwitch: STATUS's health check. Through a client of its own, closed at once:
-    STATUS does not queue behind the requests on the process's shared handle, and is bounded
+    naming `database` (Open_vSwitch; OVN_Northbound for an overlay): STATUS's health check.
+    Through a client of its own, closed at once: STATUS does not queue behind the requests on
+    the process's shared handle, and is bounded
     by its own `timeout` (the reply, as every reply, by MAX_REPLY), which a time-out's message
     says `timeout_source` set."""
     db = Ovsdb(endpoint, timeout, timeout_source=timeout_source)
@@ -633,8 +635,8 @@ def probe(endpoint: str, timeout: float = 1.0, timeout_source: str = "the probe'
         databases = None
     finally:
         db.close()
-    if not isinstance(databases, list) or DB not in databases:
-        raise OvsdbUnavailable(f"{endpoint} answered, but serves no Open_vSwitch database")
+    if not isinstance(databases, list) or database not in databases:
+        raise OvsdbUnavailable(f"{endpoint} answered, but serves no {database} database")
 
 
 _connections: dict[str, Ovsdb] = {}
