@@ -261,3 +261,59 @@ def test_status_asks_the_rails_ovsdb_and_the_northbound(lab: ovn.OvnLab, tmp_pat
                                    f"northbound: unix:{tmp_path}/no-nb.sock"))
     code, err = cni("STATUS", n1, net, "", "", str(broken))
     assert code == 1 and err["code"] == 50 and "no-nb.sock" in err["msg"], err
+
+
+def test_a_tenant_networks_overlay_uses_the_renderers_switch_and_its_segment_as_tunnel_key(
+        lab: ovn.OvnLab, tmp_path: Path) -> None:
+    """Kubernetes mode: the renderer's switch keeper makes tn-<name>.<segment> with the segment
+    as requested tunnel key; the nodes' ADDs of the rendered NAD (whatever its text says) join
+    it, northd gives the datapath that key (the Geneve VNI), pods talk across nodes, and a pod
+    of a tenant the network does not grant is refused (120) with nothing made."""
+    from tenantnet.kube.nbswitches import SwitchKeeper
+    from tenantnet.plugin import kubecache
+    from tenantnet.plugin.tenants import TENANT_LABEL
+
+    tn = {"metadata": {"name": "ov-tn", "uid": "u-ov", "generation": 1}, "spec": {
+        "tenants": ["team-a"], "fabric": {"mode": "ovs", "overlay": "geneve", "rail": "rail0"}, "vlan": 321,
+        "ipam": {"ranges": [[{"subnet": "10.88.32.0/24"}]], "blockSize": 28}}}
+    keeper = SwitchKeeper(f"unix:{lab.root}/central/nb.sock")
+    try:
+        result = keeper.sync({"ov-tn": 321})
+    finally:
+        keeper.close()
+    assert not result.unreachable and result.statuses["ov-tn"].switch == "tn-ov-tn.321"
+    configs = {}
+    for node in lab.nodes[:2]:
+        state = next(line.split(":", 1)[1].strip() for line in Path(node.node_config).read_text().splitlines()
+                     if line.startswith("stateDir:"))
+        cache = kubecache.CacheWriter(state)
+        cache.put("tenantnetworks", "ov-tn", tn)
+        for ns in ("team-a", "team-b"):
+            cache.put("namespaces", ns, kubecache.namespace_doc(ns, {TENANT_LABEL: ns}))
+        cache.mark_synced(1.0, "lab", {})
+        configs[node.name] = tmp_path / f"{node.name}.yaml"
+        configs[node.name].write_text(Path(node.node_config).read_text() + "kubernetes: true\n")
+    # The tenant's NAD text asks for another rail and segment: the TenantNetwork decides.
+    nad = {"cniVersion": "1.0.0", "name": "ov-tn", "type": "tenantnet", "tenantNetwork": "ov-tn",
+           "rail": "rail1", "vlan": 999}
+    n1, n2 = lab.nodes[:2]
+    a, b, c = pod_netns(lab, n1, "a7"), pod_netns(lab, n2, "b7"), pod_netns(lab, n2, "c7")
+    code, ra = cni("ADD", n1, nad, "a7" * 32, a, str(configs[n1.name]))
+    assert code == 0, ra
+    code, rb = cni("ADD", n2, nad, "b7" * 32, b, str(configs[n2.name]))
+    assert code == 0, rb
+    try:
+        ports = [n for n, p in lsps(lab).items() if p["external_ids"].get("tenantnet-network") == "ov-tn"]
+        assert len(ports) == 2 and {switch_of(lab, p) for p in ports} == {"tn-ov-tn.321"}
+        assert {chassis_of(lab, p) for p in ports} == {n1.name, n2.name}  # rail0, not the NAD's rail1
+        key = ovn.sbctl(lab.root, "--bare", "--columns=tunnel_key", "find", "Datapath_Binding",
+                        "external_ids:name=tn-ov-tn.321").strip()
+        assert key == "321"
+        assert ping(a, address_of(rb))
+        before = set(lsps(lab))
+        code, err = cni("ADD", n2, nad, "c7" * 32, c, str(configs[n2.name]), "team-b")
+        assert code == 1 and err["code"] == 120, err
+        assert set(lsps(lab)) == before and not link(c)
+    finally:
+        cni("DEL", n1, nad, "a7" * 32, a, str(configs[n1.name]))
+        cni("DEL", n2, nad, "b7" * 32, b, str(configs[n2.name]))
