@@ -317,3 +317,25 @@ def test_a_tenant_networks_overlay_uses_the_renderers_switch_and_its_segment_as_
     finally:
         cni("DEL", n1, nad, "a7" * 32, a, str(configs[n1.name]))
         cni("DEL", n2, nad, "b7" * 32, b, str(configs[n2.name]))
+
+
+def test_an_unreachable_northbound_fails_the_add_with_11_and_leaves_nothing(lab: ovn.OvnLab,
+                                                                             tmp_path: Path) -> None:
+    """NB not reachable: nothing was sent, so the ADD's rollback has no logical port to undo —
+    code 11 (try again later), and no record, veth or OVS port is left for a DEL to find."""
+    n1 = lab.nodes[0]
+    broken = tmp_path / "node.yaml"
+    state = tmp_path / "state"
+    text = Path(n1.node_config).read_text().replace(
+        f"northbound: unix:{lab.root}/central/nb.sock", f"northbound: unix:{tmp_path}/no-nb.sock")
+    text = "".join(f"stateDir: {state}\n" if line.startswith("stateDir:") else line
+                   for line in text.splitlines(keepends=True))
+    broken.write_text(text)
+    a = pod_netns(lab, n1, "a8")
+    ports_before = set(ovn.vsctl(n1, "list-ports", "br-int").split())
+    code, err = cni("ADD", n1, conf("ov-nonb"), "a8" * 32, a, str(broken))
+    assert code == 1 and err["code"] == 11 and "no-nb.sock" in err["msg"], err
+    assert not link(a)
+    assert set(ovn.vsctl(n1, "list-ports", "br-int").split()) == ports_before
+    records = [p for p in state.rglob("*.json") if "ov-nonb" in str(p) and "ipam" not in str(p)]
+    assert not records, records

@@ -101,6 +101,12 @@ def bind(node: NodeConfig, record: AttachmentRecord, network: str, segment: int 
             nb.ensure_switch(network, external_ids=marks, segment=segment, create_only=True)
             nb.add_port(switch, lsp, mac, ips, ids)
         faults.step("ovn.lsp-added")
+    except ovnnb.NbNotConnected as exc:
+        # Nothing reached the NB: there is no logical port to undo (a rollback that would
+        # fail on the same NB keeps the record instead; this one leaves nothing behind).
+        if record.progress is not None:
+            record.progress.discard(STEP_LSP)
+        raise _translated(exc, doing) from None
     except (ovnnb.NbFailure, ovnnb.NbUnavailable) as exc:
         raise _translated(exc, doing) from None
 

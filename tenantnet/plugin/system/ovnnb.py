@@ -82,6 +82,12 @@ class NbUnavailable(OvsdbUnavailable):
     """The NB server cannot be reached, or did not answer in time."""
 
 
+class NbNotConnected(NbUnavailable):
+    """Nothing was sent: there is no connection to the NB (it could not be opened, or the
+    replica's session is down). Unlike a transaction that timed out, which may have been
+    committed, this one certainly changed nothing."""
+
+
 class NbFailure(OvsdbFailure):
     """The NB answered but refused the change."""
 
@@ -284,8 +290,8 @@ class OvnNb:
         try:
             helper = idlutils.get_schema_helper(self.endpoint, DB)
         except Exception as exc:  # python-ovs raises bare Exception for a missing server
-            raise NbUnavailable(f"cannot reach the OVN northbound database at {self.endpoint}: "
-                                f"{exc}") from None
+            raise NbNotConnected(f"cannot reach the OVN northbound database at {self.endpoint}: "
+                                 f"{exc}") from None
         # `ports` listed, and listed read-only: known to the IDL (so it can be mutated) but not
         # monitored (python-ovs Idl.__send_monitor_request skips `readonly` columns).
         helper.register_columns(_LS, [*_LS_COLUMNS, "ports"], readonly=["ports"])
@@ -300,8 +306,8 @@ class OvnNb:
             return cls(conn)
         except ovsdbapp_exc.OvsdbConnectionUnavailable as exc:
             cls._ovsdb_connection = None  # type: ignore[attr-defined]
-            raise NbUnavailable(f"cannot connect to the OVN northbound database at {self.endpoint}: "
-                                f"no answer within {self.timeout:g}s") from exc
+            raise NbNotConnected(f"cannot connect to the OVN northbound database at {self.endpoint}: "
+                                 f"no answer within {self.timeout:g}s") from exc
 
     def close(self) -> None:
         with self._lock:
@@ -314,6 +320,11 @@ class OvnNb:
         from ovsdbapp import exceptions as ovsdbapp_exc
 
         api = self.api()
+        if not api.idl.is_connected():
+            # The session is down (the NB restarting): fail now, having sent nothing, rather
+            # than wait out the time-out for a transaction that may or may not commit.
+            raise NbNotConnected(f"{what}: the OVN northbound database at {self.endpoint} is not "
+                                 "connected (reconnecting)")
         try:
             with api.transaction(check_error=True, log_errors=False) as txn:
                 for c in commands:
