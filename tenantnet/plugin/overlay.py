@@ -157,6 +157,10 @@ def parse(raw: dict[str, Any], node: Any, mode: str, vlan: int | None,
     if rail_name is not None and not isinstance(rail_name, str):
         raise invalid_config("rail", rail_name, "must be a rail name")
     rail = ovn.rail(rail_name or None)
+    if rail is None and not rail_name and mode == "ovs-offload" and ovn.rails:
+        # Provisional: mode ovs-offload takes the rail of the VF's PF once the VF is chosen
+        # (drivers/ovs_offload.py); the largest MTU here, so only an MTU no rail fits is refused.
+        rail = max(ovn.rails.values(), key=lambda r: r.underlay_mtu)
     if rail is None:
         raise invalid_config("rail", rail_name,
                              f"must be one of this node's OVN rails: {', '.join(ovn.rails)}"
