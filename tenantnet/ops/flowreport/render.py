@@ -40,6 +40,10 @@ def render_table(report: Report) -> str:
     if report.software_only:
         lines.append("NOTE: this is the lab. Its flows run in OVS's userspace datapath, not in a NIC: "
                      "'software' below is the truth for the lab and says nothing about hardware.")
+    elif report.simulation:
+        lines.append("NOTE: a simulation — the lab's NIC (tenantnet/lab/nic.py: veths stand in for VFs and "
+                     "representors). Every flow below, the tunnel's encap/decap included, runs in OVS's "
+                     "software datapath and says nothing about hardware.")
     lines.append("")
     if not report.attachments:
         lines.append("no attachments (matching the filters) on this node")
@@ -57,13 +61,22 @@ def render_table(report: Report) -> str:
             f"    flows {len(a.flows)}: offloaded {t['offloaded']['flows']}, "
             f"partial {t['partial']['flows']}, software {t['software']['flows']}{unknown}; in hardware: "
             f"{_pct(a.hw_flow_share)} of flows, {_pct(a.hw_packet_share)} of {a.packets} packets")
+        tun = a.tunnel_totals
+        if tun["encap"]["flows"] or tun["decap"]["flows"]:
+            kinds = sorted({r.tunnel.split(" ")[0] for r in a.flows if r.tunnel})
+            lines.append(
+                f"    tunnel ({'/'.join(kinds)}): encap {tun['encap']['flows']} flows "
+                f"({tun['encap']['packets']} packets, {tun['encap']['hwFlows']} in hardware), decap "
+                f"{tun['decap']['flows']} flows ({tun['decap']['packets']} packets, "
+                f"{tun['decap']['hwFlows']} in hardware)")
         if a.flows:
             lines.append(f"    {'dir':<4} {'class':<9} {'packets':>10} {'bytes':>12} {'used':>7}  "
                          f"{'dp':<5} {'in_port':<14} actions")
         for r in sorted(a.flows, key=lambda r: -r.flow.packets):
             f = r.flow
+            label = f"[{r.tunnel}] " if r.tunnel else ""
             lines.append(f"    {r.direction:<4} {f.classification:<9} {f.packets:>10} {f.bytes:>12} "
-                         f"{_used(f.used):>7}  {f.dp or '-':<5} {f.in_port or '-':<14} {f.actions}")
+                         f"{_used(f.used):>7}  {f.dp or '-':<5} {f.in_port or '-':<14} {label}{f.actions}")
         lines.append("")
     tenants = report.tenants()
     if report.attachments and any(k != "(none)" for k in tenants):

@@ -67,6 +67,31 @@ class FlowRef:
     flow: DpFlow
     datapath: str
     direction: str  # "in" (from the pod), "out" (to the pod), "both"
+    tunnel: str | None = None  # "geneve encap", "geneve decap" (tunnel_role): an overlay's flow
+
+
+ENCAP, DECAP = "encap", "decap"
+
+
+def _tunnel_kind(text: str) -> str:
+    if "geneve" in text or "genev_sys" in text or "6081" in text:
+        return "geneve"
+    if "vxlan" in text or "4789" in text:
+        return "vxlan"
+    return "tunnel"
+
+
+def tunnel_role(flow: DpFlow) -> str | None:
+    """An overlay attachment's flow that encapsulates (the kernel datapath's
+    `set(tunnel(...))` before the tunnel port, the userspace one's `tnl_push(...)`) or that
+    delivers a decapsulated packet (its match has `tunnel(...)`, or it comes in on the
+    tunnel port): "geneve encap" / "geneve decap"; None for any other flow."""
+    if "tnl_push(" in flow.actions or "set(tunnel(" in flow.actions:
+        return f"{_tunnel_kind(flow.actions)} {ENCAP}"
+    came = flow.in_port or ""
+    if "tunnel(" in flow.match_text or came.startswith(("genev_sys", "vxlan_sys")):
+        return f"{_tunnel_kind(flow.match_text + ' ' + came)} {DECAP}"
+    return None
 
 
 def _totals(flows: Iterable[DpFlow]) -> dict[str, dict[str, int]]:
@@ -118,6 +143,19 @@ class AttachmentView:
     def hw_flow_share(self) -> float | None:
         return _share(self.totals[OFFLOADED]["flows"], len(self.flows))
 
+    @property
+    def tunnel_totals(self) -> dict[str, dict[str, int]]:
+        """The overlay's flows of this attachment: encap (pod → tunnel) and decap (tunnel →
+        pod), each with its flows, packets and those of them in hardware."""
+        out = {k: {"flows": 0, "packets": 0, "hwFlows": 0} for k in (ENCAP, DECAP)}
+        for r in self.flows:
+            if r.tunnel:
+                t = out[r.tunnel.rsplit(" ", 1)[1]]
+                t["flows"] += 1
+                t["packets"] += r.flow.packets
+                t["hwFlows"] += r.flow.classification == OFFLOADED
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "pod": self.pod_ref, "namespace": self.namespace, "name": self.pod, "tenant": self.tenant,
@@ -125,8 +163,9 @@ class AttachmentView:
             "mode": self.mode, "phase": self.phase, "port": self.port, "representor": self.representor,
             "bridge": self.bridge, "totals": self.totals, "packets": self.packets,
             "hwPacketShare": self.hw_packet_share, "hwFlowShare": self.hw_flow_share,
-            "flows": [{**r.flow.to_dict(), "datapath": r.datapath, "direction": r.direction}
-                      for r in self.flows],
+            "tunnel": self.tunnel_totals,
+            "flows": [{**r.flow.to_dict(), "datapath": r.datapath, "direction": r.direction,
+                       "tunnel": r.tunnel} for r in self.flows],
         }
 
 
@@ -176,6 +215,14 @@ class Report:
         """True when every datapath is one that cannot offload (the lab)."""
         return bool(self.datapaths) and all(d.type in SOFTWARE_ONLY_DATAPATHS for d in self.datapaths)
 
+    @property
+    def simulation(self) -> bool:
+        """The lab: a datapath that cannot offload, or the lab's simulated NIC (node config
+        `vfControl: lab:...`, tenantnet/lab/nic.py) — as on an overlay lab node, whose OVS
+        is a netdev datapath without a NIC."""
+        lab_nic = str(getattr(self.node, "vf_control", "") or "").startswith("lab:")
+        return self.software_only or lab_nic
+
     def tenants(self) -> dict[str, dict[str, Any]]:
         out: dict[str, dict[str, Any]] = {}
         for a in self.attachments:
@@ -197,7 +244,7 @@ class Report:
         return {
             "node": self.hostname, "generated": self.generated, "ok": self.ok, "error": snap.error,
             "appctlTarget": {"path": snap.target.path, "how": snap.target.how},
-            "softwareOnly": self.software_only,
+            "softwareOnly": self.software_only, "simulation": self.simulation,
             "ovs": {"version": snap.ovs.ovs_version, "hwOffload": snap.ovs.other_config.get("hw-offload"),
                     "tcPolicy": snap.ovs.other_config.get("tc-policy"), "error": snap.ovs.error},
             "datapaths": [d.__dict__ for d in self.datapaths],
@@ -284,7 +331,7 @@ def attach_flows(views: list[AttachmentView], snap: Snapshot) -> None:
             for dp_name, flow in by_port.get(view.port, ()):
                 direction = flow.touches(view.port)
                 if direction:
-                    view.flows.append(FlowRef(flow, dp_name, direction))
+                    view.flows.append(FlowRef(flow, dp_name, direction, tunnel_role(flow)))
 
 
 @dataclass

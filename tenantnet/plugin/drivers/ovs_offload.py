@@ -7,22 +7,30 @@ In switchdev mode the VF's VLAN, spoof checking, trust and rates belong to the r
 OVS port, not to the PF: only an admin MAC is set through the PF. The preconditions for
 flows to be offloaded at all (drivers/offloadstate.py) are checked on ADD and STATUS; the
 node config says per precondition whether a miss warns (default) or refuses.
+
+On an overlay network (`overlay: geneve`, docs/overlay.md) the representor goes on the
+integration bridge of the rail the VF belongs to — the rail whose `underlayBridge` has the
+VF's PF as its uplink — with `iface-id` = the attachment's logical switch port, so its tunnel
+leaves through the PF's own NIC; the pod gets the VF netdev with the MAC port security names
+and the rail's pod MTU (underlay - 58). The logical port is written as in mode ovs
+(drivers/ovsport.py: plan_overlay, bind_overlay, unbind_overlay, overlay_drift).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from cni.env import CniEnv
 from cni.errors import CniError, Code
 from cni.netconf import NetConf, parse_netconf
 from cni.result import Interface
-from tenantnet.plugin import faults, settings, tnconf
+from tenantnet.plugin import faults, overlay, settings, tnconf
 from tenantnet.plugin.drivers import offloadstate, ovsport
-from tenantnet.plugin.drivers.base import Attached, gc_env
+from tenantnet.plugin.drivers.base import Attached, Pending, gc_env
 from tenantnet.plugin.drivers.ovsport import STEP_PORT, PortPlan
 from tenantnet.plugin.drivers.vf import VfDriver, VfPlan
+from tenantnet.plugin.overlay import OvnRail
 from tenantnet.plugin.records import AttachmentRecord, RecordStore
 from tenantnet.plugin.system import netlink, ovsdb
 from tenantnet.plugin.system.sysfs import (
@@ -128,6 +136,8 @@ class OvsOffloadDriver(VfDriver):
         assert isinstance(plan, OffloadPlan)
         vf = self.sysfs.vf(plan.device_id)
         rep = self._representor(vf)
+        conf = self.on_rail_of(conf, vf)
+        assert conf.ovs is not None
         db = self._db(conf.ovs.ovsdb)
         link = netlink.host_link(rep)
         # What ADD changes on the representor (MTU, up), put back on DEL.
@@ -136,8 +146,74 @@ class OvsOffloadDriver(VfDriver):
         plan.vlan, plan.trunks, plan.mtu = conf.ovs.vlan, list(conf.ovs.trunks), conf.mtu
         plan.ofport_request = conf.ovs.ofport_request
         plan.prewarm = ovsport.PREWARM_PENDING if conf.ovs.prewarm else ""
+        ovsport.plan_overlay(plan, self.node, conf, env)
         plan.precondition_warnings = self._enforce(self.preconditions(vf, rep, db))
         return plan
+
+    # ---- overlay: the VF's rail ---------------------------------------------------------------
+    def _carries(self, rail: OvnRail, pf: str) -> bool:
+        """Rail `rail`'s underlay bridge has `pf` (or a bond holding it) as a port."""
+        if not rail.underlay_bridge or not pf:
+            return False
+        return self._db(rail.ovsdb or self.node.ovsdb).bridge_of_interface(pf) == rail.underlay_bridge
+
+    def rail_of(self, conf: TenantnetConf, vf: VirtualFunction) -> OvnRail:
+        """The rail an overlay attachment of `vf` goes on: its tunnel must leave through the
+        VF's own NIC, so the rail is the one whose underlay bridge has the VF's PF as uplink.
+        A rail the network names (or the node's only / default one when no rail carries the
+        PF) is taken as long as its underlay bridge, if declared, carries the PF; refused
+        (code 7) otherwise, naming VF, PF and rail."""
+        assert conf.ovs is not None and conf.ovs.overlay is not None and self.node.ovn is not None
+        ovn, given = self.node.ovn, conf.ovs.overlay.rail
+        pf = vf.pf_netdev or ""
+        named = conf.base.raw.get("rail") or None
+        which = f"VF {vf.address} (VF {vf.index} of PF {pf or vf.pf_address})"
+        if named is None:
+            carrying = [r for r in ovn.rails.values() if self._carries(r, pf)]
+            if carrying:
+                return carrying[0]
+            chosen = ovn.rail(None)  # the only rail, or defaultRail
+            if chosen is None:
+                bridges = ", ".join(f"{r.name}: {r.underlay_bridge or 'no underlayBridge'}"
+                                    for r in ovn.rails.values())
+                raise CniError(Code.INVALID_CONFIG,
+                               f"invalid network config: overlay: {which} belongs to no OVN rail of this "
+                               f"node: no rail's underlayBridge has PF {pf} as a port ({bridges}); name "
+                               "the rail (\"rail\") or set the rail's underlayBridge in the node config")
+            given = chosen
+        if given.underlay_bridge and not self._carries(given, pf):
+            raise CniError(Code.INVALID_CONFIG,
+                           f"invalid network config: rail={given.name!r}: {which} is not on that rail: rail "
+                           f"{given.name}'s underlayBridge {given.underlay_bridge} has no port {pf}, so the "
+                           "tunnel would leave through another NIC; use a VF of that rail's PF or name "
+                           "the PF's rail")
+        return given
+
+    def on_rail_of(self, conf: TenantnetConf, vf: VirtualFunction, strict: bool = True) -> TenantnetConf:
+        """`conf` with its overlay on the VF's rail (bridge, OVSDB, pod MTU of that rail); a
+        network without overlay as it is. Not `strict` (DEL, GC): a refusal keeps `conf`."""
+        if conf.ovs is None or conf.ovs.overlay is None or self.node.ovn is None:
+            return conf
+        try:
+            rail = self.rail_of(conf, vf)
+        except CniError:
+            if strict:
+                raise
+            return conf
+        if rail == conf.ovs.overlay.rail:
+            return conf
+        moved = replace(conf.ovs.overlay, rail=rail)
+        mtu = overlay.check_mtu(moved, conf.vf.mtu if conf.vf is not None else None)
+        return replace(conf, ovs=replace(conf.ovs, bridge=rail.integration_bridge,
+                                         ovsdb=rail.ovsdb or self.node.ovsdb, mtu=mtu, overlay=moved))
+
+    @staticmethod
+    def _pod_side(conf: TenantnetConf, plan: OffloadPlan) -> TenantnetConf:
+        """On an overlay the pod's VF netdev (and its admin MAC at the PF) takes the MAC port
+        security names and the plan's MTU (the rail's underlay - 58 unless asked lower)."""
+        if not plan.on_overlay() or conf.vf is None:
+            return conf
+        return replace(conf, mac=plan.pod_mac, vf=replace(conf.vf, mtu=plan.mtu))
 
     def plan_without_record(self, conf: TenantnetConf, env: CniEnv,
                             records: RecordStore | None = None) -> OffloadPlan | None:
@@ -150,8 +226,11 @@ class OvsOffloadDriver(VfDriver):
         found = super().plan_without_record(conf, env, records)
         assert found is None or isinstance(found, OffloadPlan)
         plan = found or OffloadPlan()
+        conf = self.on_rail_of(conf, vf, strict=False)
+        assert conf.ovs is not None
         plan.representor, plan.bridge, plan.ovsdb = find_representor(self.sysfs, vf), conf.ovs.bridge, \
             conf.ovs.ovsdb
+        ovsport.plan_overlay(plan, self.node, conf, env)  # names only: the logical port goes too
         if found is None:  # the port only
             port = self._db(plan.ovsdb).port(plan.representor) if plan.representor else None
             ids = port.external_ids if port is not None else {}
@@ -161,8 +240,14 @@ class OvsOffloadDriver(VfDriver):
         return plan
 
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
-        attached = super().attach(record, conf)
         plan = _plan(record)
+        attached = super().attach(record, self._pod_side(conf, plan))
+        if plan.tx_checksum_off and attached.has_netdev:
+            # The lab: the representor is on a userspace datapath, which passes a packet's
+            # checksum on unfilled (CNI-FACTS §7), as for mode ovs's veth.
+            from tenantnet.plugin.system import ethtool
+
+            ethtool.tx_checksum(record.netns, record.ifname, False)
         rep = plan.representor or ""
         netlink.set_host_link(rep, mtu=plan.mtu, up=True)
         faults.step("offload.representor-up")
@@ -173,6 +258,9 @@ class OvsOffloadDriver(VfDriver):
         if attached.device_info is not None:
             attached.device_info["representor-device"] = rep
         return attached
+
+    def addressed(self, record: AttachmentRecord, conf: TenantnetConf, ips: list[str]) -> Pending | None:
+        return ovsport.bind_overlay(self.node, record, _plan(record), ips)
 
     def ready(self, record: AttachmentRecord, conf: TenantnetConf) -> bool:
         if not _plan(record).prewarms():
@@ -190,12 +278,17 @@ class OvsOffloadDriver(VfDriver):
         rep = plan.representor
         done = record.progress
         owner = (record.container_id, record.ifname)
-        # Waiting for vswitchd: until it has dropped the port it may still set the
-        # representor's flags back as it found them when it took it (seen: up again after
-        # our restore, 3 DELs in 30).
-        deleted = rep and (done is None or STEP_PORT in done) and \
-            self._db(plan.ovsdb).delete_port(rep, owner=owner, wait=True)
-        faults.step("offload.port-deleted")
+        unbind = ovsport.unbind_overlay(self.node, record, plan)  # beside the port's transaction
+        try:
+            # Waiting for vswitchd: until it has dropped the port it may still set the
+            # representor's flags back as it found them when it took it (seen: up again after
+            # our restore, 3 DELs in 30).
+            deleted = rep and (done is None or STEP_PORT in done) and \
+                self._db(plan.ovsdb).delete_port(rep, owner=owner, wait=True)
+            faults.step("offload.port-deleted")
+        finally:
+            if unbind is not None:
+                unbind.result()
         original = plan.representor_original
         if rep and (deleted or original) and netlink.host_link(rep) is not None:
             if original:  # the representor as it was before ADD
@@ -212,23 +305,40 @@ class OvsOffloadDriver(VfDriver):
         representor and reset to the fail-safe state, as DEL without a record does."""
         # Only where its ports are: a NAD without deviceID (the device plugin gives one per
         # pod) would not parse as a whole here.
-        db = self._db(settings.ovsdb_endpoint(conf.raw, self.node))
+        endpoints = [settings.ovsdb_endpoint(conf.raw, self.node)]
+        ovn = self.node.ovn
+        on_overlay = bool(conf.raw.get("overlay")) and ovn is not None
+        if on_overlay:  # each rail's integration bridge may have its own OVSDB
+            assert ovn is not None
+            endpoints += [r.ovsdb for r in ovn.rails.values() if r.ovsdb and r.ovsdb not in endpoints]
+        found: list[AttachmentRecord] = []
+        for endpoint in endpoints:
+            db = self._db(endpoint)
 
-        def plan_of(port: ovsdb.PortState) -> OffloadPlan:
-            vf = vf_of_representor(self.sysfs, port.name)
-            plan = self.vf_plan_without_record(vf) if vf is not None else OffloadPlan()
-            assert isinstance(plan, OffloadPlan)
-            plan.representor, plan.bridge, plan.ovsdb = port.name, port.bridge, db.endpoint
-            return plan
+            def plan_of(port: ovsdb.PortState, db: ovsdb.Ovsdb = db) -> OffloadPlan:
+                vf = vf_of_representor(self.sysfs, port.name)
+                plan = self.vf_plan_without_record(vf) if vf is not None else OffloadPlan()
+                assert isinstance(plan, OffloadPlan)
+                plan.representor, plan.bridge, plan.ovsdb = port.name, port.bridge, db.endpoint
+                return plan
 
-        return ovsport.unrecorded_ports(db, conf.name, self.mode, keep | recorded, plan_of)
+            found += ovsport.unrecorded_ports(db, conf.name, self.mode, keep | recorded | {
+                (r.container_id, r.ifname) for r in found}, plan_of)
+        if on_overlay:  # and this node's logical ports that no record holds
+            assert ovn is not None
+            hint = PortPlan(overlay_nb=ovn.northbound, overlay_timeout=ovn.timeout)
+            found += ovsport.unrecorded_logical_ports(
+                self.node, hint, found, conf.name, self.mode, keep | recorded,
+                lambda: OffloadPlan(ovsdb=endpoints[0]))
+        return found
 
     def check(self, record: AttachmentRecord, conf: TenantnetConf) -> list[str]:
-        drift = super().check(record, conf)
         plan = _plan(record)
+        drift = super().check(record, self._pod_side(conf, plan))
         rep = plan.representor or ""
         drift += ovsport.check_owned_port(self._db(plan.ovsdb), record, plan, rep)
-        return drift + ovsport.link_drift(rep, "representor") + ovsport.offload_drift(self.node, plan, conf)
+        return drift + ovsport.link_drift(rep, "representor") + \
+            ovsport.offload_drift(self.node, plan, conf) + ovsport.overlay_drift(self.node, record, plan)
 
     def status(self, raw: dict[str, Any]) -> None:
         """The network's OVSDB answers, and its PF meets the offload preconditions: 'refuse'
