@@ -105,6 +105,12 @@ def test_add_is_idempotent(server: nbserver.NbServer, agent: ovnnb.OvnNb) -> Non
     with pytest.raises(ovnnb.PortInUse):
         agent.add_port("tn-blue", "idem-1", "0a:58:01:00:00:09", ["10.1.0.9"], _ids("c-other"))
     assert server.nbctl("lsp-get-addresses", "idem-1").strip() == "0a:58:01:00:00:03 10.1.0.3"
+    # The same attachment again with another address (an ADD retried after its IPAM answered
+    # anew): one port still, its addresses and port security now the new ones.
+    moved = agent.add_port("tn-blue", "idem-1", "0a:58:01:00:00:03", ["10.1.0.4"], _ids("c3"))
+    assert moved.addresses == moved.port_security == ["0a:58:01:00:00:03 10.1.0.4"]
+    assert server.nbctl("lsp-get-port-security", "idem-1").strip() == "0a:58:01:00:00:03 10.1.0.4"
+    assert len(_port_uuids(server, "tn-blue")) == OTHERS + 1
 
 
 def test_foreign_port_of_the_same_name_is_refused_and_untouched(server: nbserver.NbServer,

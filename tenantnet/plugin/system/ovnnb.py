@@ -45,6 +45,7 @@ SwitchNotFound, PortNotOurs and PortInUse for the cases a caller tells apart.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -206,6 +207,14 @@ def _commands() -> Any:
                     # Only with a replica wider than the scope (a server without monitor_cond
                     # makes python-ovs fall back to an unconditional `monitor`).
                     raise PortNotOurs(_not_ours_message(self.name, ids))
+                want = self.columns.get("external_ids", {})
+                same = all(ids.get(k) == want.get(k) for k in (OWNER_CONTAINER, OWNER_IFNAME, OWNER_NETWORK))
+                if same:
+                    # This attachment's port from an earlier attempt: its addresses are this
+                    # ADD's (a stale port security would drop the pod's traffic).
+                    for column in ("addresses", "port_security"):
+                        if list(getattr(existing, column)) != self.columns[column]:
+                            setattr(existing, column, self.columns[column])
                 self.result = existing  # checked by the caller: same attachment or PortInUse
                 return
             ls = idlutils.row_by_value(self.api.idl, _LS, "name", self.switch, None)
@@ -320,11 +329,19 @@ class OvnNb:
         from ovsdbapp import exceptions as ovsdbapp_exc
 
         api = self.api()
-        if not api.idl.is_connected():
-            # The session is down (the NB restarting): fail now, having sent nothing, rather
-            # than wait out the time-out for a transaction that may or may not commit.
-            raise NbNotConnected(f"{what}: the OVN northbound database at {self.endpoint} is not "
-                                 "connected (reconnecting)")
+        # The session is down (the NB restarting): wait for the reconnection up to the
+        # time-out, and if it does not come, fail having sent nothing — rather than send a
+        # transaction that may time out after committing (a rollback could not know).
+        # python-ovs's Idl has no public "connected now" (has_ever_connected stays true while
+        # it reconnects); its jsonrpc Session has one.
+        session = getattr(api.idl, "_session", None)
+        if session is not None and not session.is_connected():
+            deadline = time.monotonic() + self.timeout
+            while not session.is_connected() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            if not session.is_connected():
+                raise NbNotConnected(f"{what}: the OVN northbound database at {self.endpoint} is not "
+                                     f"connected (no reconnection within {self.timeout:g}s)")
         try:
             with api.transaction(check_error=True, log_errors=False) as txn:
                 for c in commands:
