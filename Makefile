@@ -113,6 +113,7 @@ bench: deps venv
 	$(PY) bench/bench_batching.py --out docs/benchmarks.md
 	$(PY) bench/bench_kube.py --out docs/benchmarks.md
 	$(PY) bench/bench_dra.py --out docs/benchmarks.md
+	$(PY) bench/bench_overlay.py --out docs/benchmarks.md
 
 clean:
 	rm -rf $(VENV) $(LINT_VENV) .pytest_cache .ruff_cache .mypy_cache *.egg-info
