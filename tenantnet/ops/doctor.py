@@ -26,6 +26,12 @@ same for operators):
 - the kubelet's pod-resources socket answers where rails may be aligned, and a device
   plugin has registered (where PFs are declared: Multus takes VFs' deviceIDs from it);
 - every etcd endpoint answers when `etcdEndpoints` are set;
+- with `ovn:` (overlay networks, docs/overlay.md): the OVN northbound database answers; per
+  rail, its integration bridge exists in the rail's OVSDB, the local Open_vSwitch row
+  configures an ovn-controller for the rail's chassis on that bridge (`ovn-bridge[-<chassis>]`,
+  `ovn-encap-ip[-<chassis>]`, ovn-controller(8)) with an encap IP that is an address of this
+  node and no other rail's, the declared `underlayMtu` fits the `underlayBridge`'s interfaces,
+  and `userspaceDatapath` matches the integration bridge's datapath_type;
 - the device-info directory is a directory (not a symlink);
 - with a kubeconfig: the NetworkAttachmentDefinition CRD and tenantnet's TenantNetwork CRD are
   established, and the agent's and renderer's ServiceAccounts may do what they must
@@ -279,7 +285,7 @@ class Doctor:
                 ("tenantnet executables", self.check_executables), ("agent", self.check_agent),
                 ("OVS", self.check_ovs), ("SR-IOV", self.check_sriov),
                 ("pod-resources", self.check_pod_resources), ("device plugin", self.check_device_plugin),
-                ("etcd", self.check_etcd),
+                ("etcd", self.check_etcd), ("OVN", self.check_ovn),
                 ("device-info dir", self.check_device_info_dir), ("Kubernetes API", self.check_kubernetes),
                 ("DRA", self.check_dra)]
 
@@ -731,6 +737,235 @@ class Doctor:
                 checks.append(warned(name, f"{problem} (other endpoints answer)", fix))
         return checks
 
+    # -- OVN (overlay networks) -------------------------------------------------------------
+    def check_ovn(self) -> list[Check]:
+        """With `ovn:` in the node config: the northbound database, then each rail's chassis
+        (module doc). One SKIP line when the node has no overlay."""
+        if self.node is None:
+            return [skipped("OVN", self.node_problem)]
+        settings = self.node.ovn
+        if settings is None:
+            return [skipped("OVN", "overlays are not configured (no ovn: in the node config, "
+                                   "docs/overlay.md)")]
+        checks: list[Check] = []
+        name = "OVN northbound"
+        if settings.northbound.startswith("ssl:"):
+            # The doctor's OVSDB client (tenantnet.plugin.system.ovsdb) speaks unix: and tcp:.
+            checks.append(skipped(name, f"{settings.northbound}: the doctor probes unix: and tcp: endpoints "
+                                        "only (check it with ovn-nbctl --db=... show)"))
+        else:
+            checks.append(self._northbound(settings.northbound))
+        local = self.local_addresses()
+        encaps: dict[str, str] = {}  # encap IP -> the rail that has it (one NIC per rail)
+        dead: dict[str, str] = {}  # OVSDB endpoint -> why it did not answer: not asked again
+        for rail in settings.rails.values():
+            checks += self._ovn_rail(rail, local, encaps, dead)
+        return checks
+
+    def _northbound(self, endpoint: str) -> Check:
+        from tenantnet.plugin.system import ovsdb
+
+        name = "OVN northbound"
+        try:
+            ovsdb.probe(endpoint, timeout=self.opts.timeout, timeout_source="doctor --timeout",
+                        database="OVN_Northbound")
+        except ovsdb.OvsdbUnavailable as exc:
+            return failed(name, f"{exc}: no overlay attachment can be made (its logical switch port is "
+                                "written there)",
+                          "start ovn-central (ovsdb-server for OVN_Northbound) or set the node config's "
+                          f"ovn.northbound to its endpoint (now {endpoint})")
+        return passed(name, f"{endpoint} answers (OVN_Northbound database)")
+
+    def local_addresses(self) -> dict[str, str] | str:
+        """Every address of this node's network namespace → its interface (rtnetlink), or why
+        they could not be read."""
+        import ipaddress
+
+        from tenantnet.plugin.system import rtnl
+
+        out: dict[str, str] = {}
+        try:
+            with rtnl.Rtnl() as nl:
+                for link in nl.links():
+                    for address in nl.addresses(link.index):
+                        out[str(ipaddress.ip_interface(address).ip)] = link.name
+        except OSError as exc:
+            return f"cannot list this node's addresses (rtnetlink): {exc}"
+        return out
+
+    def _ovn_rail(self, rail: Any, local: dict[str, str] | str, encaps: dict[str, str],
+                  dead: dict[str, str]) -> list[Check]:
+        """One rail's checks: its integration bridge, its chassis's ovn-controller keys and
+        encap IP, its underlay MTU, its datapath type."""
+        from tenantnet.plugin import nodeconfig
+        from tenantnet.plugin.system import ovsdb
+
+        endpoint = rail.ovsdb or self.node.ovsdb
+        prefix = f"rail {rail.name}"
+        names = [f"{prefix} bridge", f"{prefix} chassis", f"{prefix} encap IP", f"{prefix} underlay MTU",
+                 f"{prefix} datapath"]
+        db_option = "" if endpoint == nodeconfig.DEFAULT_OVSDB else f" --db={endpoint}"
+        bridge = rail.integration_bridge
+        fix_db = (f"start Open vSwitch (ovsdb-server) or set ovn.rails.{rail.name}.ovsdb (or the node's "
+                  f"ovsdb) to its socket (now {endpoint})")
+        if endpoint in dead:
+            return [failed(names[0], f"OVSDB {endpoint} (the rail's ovsdb): {dead[endpoint]}", fix_db),
+                    *(skipped(n, f"OVSDB {endpoint} does not answer") for n in names[1:])]
+        db = ovsdb.Ovsdb(endpoint, self.opts.timeout, timeout_source="doctor --timeout")
+        checks: list[Check] = []
+        try:
+            ids, = self._ovs_select(db, "reading Open_vSwitch external_ids",
+                                    {"op": "select", "table": "Open_vSwitch", "where": [],
+                                     "columns": ["external_ids"]})
+            row = ids[0].get("external_ids") if ids else None
+            external = {str(k): str(v) for k, v in ovsdb._map(row).items()}
+            if not db.bridge_exists(bridge):
+                checks.append(failed(names[0], f"the integration bridge {bridge} (ovn.rails.{rail.name}."
+                                               f"integrationBridge) does not exist on {endpoint}",
+                                     f"start the rail's ovn-controller with external_ids:ovn-bridge"
+                                     f"{_chassis_suffix(rail, external)}={bridge} (it creates the bridge), "
+                                     f"or ovs-vsctl{db_option} add-br {bridge}, or correct "
+                                     f"ovn.rails.{rail.name}.integrationBridge"))
+            else:
+                checks.append(passed(names[0], f"{bridge} exists on {endpoint}"))
+            checks += self._ovn_chassis(rail, endpoint, db_option, external, local, encaps, names[1:3])
+            checks.append(self._underlay_mtu(db, rail, endpoint, names[3]))
+            checks.append(self._ovn_datapath(db, rail, db_option, names[4]) if checks[0].status == Status.PASS
+                          else skipped(names[4], f"no bridge {bridge} on {endpoint}"))
+        except (ovsdb.OvsdbUnavailable, ovsdb.OvsdbFailure) as exc:
+            done = {c.name for c in checks}
+            dead[endpoint] = str(exc)
+            checks.append(failed(names[0] if names[0] not in done else f"{prefix} OVSDB",
+                                 f"OVSDB {endpoint} (the rail's ovsdb): {exc}", fix_db))
+            checks += [skipped(n, f"OVSDB {endpoint} does not answer") for n in names[1:] if n not in done]
+        finally:
+            db.close()
+        return checks
+
+    @staticmethod
+    def _ovs_select(db: Any, what: str, *ops: dict[str, Any]) -> list[list[dict[str, Any]]]:
+        """Read-only selects in one transaction on the doctor's own handle (the reads
+        ovsdb.Ovsdb has no method for: the Open_vSwitch row's external_ids, a bridge's
+        interfaces)."""
+        return [db._rpc_rows(r) for r in db._rpc_ops(what, list(ops))]
+
+    def _ovn_chassis(self, rail: Any, endpoint: str, db_option: str, external: dict[str, str],
+                     local: dict[str, str] | str, encaps: dict[str, str],
+                     names: list[str]) -> list[Check]:
+        """ovn-controller(8): a chassis reads `<key>-<chassis>` first, then the plain key; its
+        name is `-n`/system-id-override, else external_ids:system-id. ovn-bridge defaults to
+        br-int; there is no default encap IP."""
+        chassis = rail.chassis or external.get("system-id", "")
+        who = f"chassis {chassis}" if chassis else "the node's chassis (no chassis, no system-id)"
+
+        def key(option: str) -> tuple[str, str | None]:
+            specific = f"{option}-{chassis}" if chassis else ""
+            if specific and specific in external:
+                return specific, external[specific]
+            return option, external.get(option)
+
+        bridge_key, bridge = key("ovn-bridge")
+        bridge_said = f"{bridge_key}={bridge}" if bridge is not None else f"{bridge_key} unset (br-int)"
+        encap_key, encap = key("ovn-encap-ip")
+        suffix = _chassis_suffix(rail, external)
+        set_keys = (f"ovs-vsctl{db_option} set Open_vSwitch . external_ids:ovn-bridge{suffix}="
+                    f"{rail.integration_bridge} external_ids:ovn-encap-ip{suffix}="
+                    f"<rail {rail.name}'s address>")
+        if (bridge or "br-int") != rail.integration_bridge:
+            return [failed(names[0], f"{who}'s ovn-controller uses {bridge or 'br-int'} ({bridge_said} "
+                                     f"in {endpoint}), not the rail's integrationBridge "
+                                     f"{rail.integration_bridge}: no port tenantnet puts there is bound",
+                           f"{set_keys}, or correct ovn.rails.{rail.name}.integrationBridge/chassis"),
+                    skipped(names[1], f"{who} is not the rail's")]
+        if not encap:
+            return [failed(names[0], f"{who} has no encap IP ({encap_key} unset in {endpoint}): its "
+                                     "ovn-controller makes no tunnel", set_keys),
+                    skipped(names[1], f"{who} has no encap IP")]
+        chassis_ok = passed(names[0], f"{who}: {bridge_said}, {encap_key}={encap} "
+                                      f"(external_ids on {endpoint})")
+        addresses = [a.strip() for a in encap.split(",") if a.strip()]  # later OVNs take a list
+        shared = [encaps[a] for a in addresses if a in encaps]
+        for a in addresses:
+            encaps.setdefault(a, rail.name)
+        if shared:
+            return [chassis_ok,
+                    failed(names[1], f"{encap} is also rail {shared[0]}'s encap IP: both rails' Geneve "
+                                     "traffic would leave through one NIC",
+                           f"give {who} its own rail's address: {set_keys}")]
+        if isinstance(local, str):
+            return [chassis_ok, skipped(names[1], local)]
+        missing = [a for a in addresses if a not in local]
+        if missing:
+            return [chassis_ok,
+                    failed(names[1], f"{', '.join(missing)} ({encap_key}) is not an address of this "
+                                     f"node: other chassis' tunnels to {who} go nowhere",
+                           f"put {missing[0]} on rail {rail.name}'s NIC (or its underlayBridge), or set "
+                           f"{encap_key} to an address it has")]
+        on = ", ".join(f"{a} on {local[a]}" for a in addresses)
+        return [chassis_ok, passed(names[1], f"{on} (this node's)")]
+
+    def _underlay_mtu(self, db: Any, rail: Any, endpoint: str, name: str) -> Check:
+        """The rail's declared underlayMtu against its underlayBridge's own interface and
+        uplinks: a larger one makes pods' MTU (underlayMtu - 58) send frames the rail drops."""
+        if not rail.underlay_bridge:
+            return skipped(name, f"no ovn.rails.{rail.name}.underlayBridge: the rail NIC's MTU cannot be "
+                                 f"told here (underlayMtu {rail.underlay_mtu} is taken as said)")
+        bridges, ports, ifaces = self._ovs_select(
+            db, f"reading bridge {rail.underlay_bridge}",
+            {"op": "select", "table": "Bridge", "where": [["name", "==", rail.underlay_bridge]],
+             "columns": ["ports"]},
+            {"op": "select", "table": "Port", "where": [], "columns": ["_uuid", "interfaces"]},
+            {"op": "select", "table": "Interface", "where": [], "columns": ["_uuid", "name", "type", "mtu"]})
+        if not bridges:
+            return failed(name, f"the underlayBridge {rail.underlay_bridge} (ovn.rails.{rail.name}) does "
+                                f"not exist on {endpoint}",
+                          f"correct ovn.rails.{rail.name}.underlayBridge, or remove it")
+        from tenantnet.plugin.system import ovsdb
+
+        members = set(ovsdb._set(bridges[0].get("ports")))
+        held = {u for p in ports if ovsdb._atom(p.get("_uuid")) in members
+                for u in ovsdb._set(p.get("interfaces"))}
+        # The bridge's own interface (the encap IP's) and its uplinks; patch ports carry no frame.
+        mtus = {str(i.get("name")): ovsdb._opt(i.get("mtu")) for i in ifaces
+                if ovsdb._atom(i.get("_uuid")) in held
+                and i.get("type") in ("", "internal", "system", "dpdk")}
+        known = {n: m for n, m in mtus.items() if isinstance(m, int)}
+        if not known:
+            return skipped(name, f"no interface of {rail.underlay_bridge} reports an MTU (is ovs-vswitchd "
+                                 "running?)")
+        smallest = min(known, key=lambda n: known[n])
+        limit = known[smallest]
+        if rail.underlay_mtu > limit:
+            overhead = rail.underlay_mtu - rail.pod_mtu
+            return warned(name, f"underlayMtu {rail.underlay_mtu} is larger than {smallest}'s MTU {limit} "
+                                f"(of {rail.underlay_bridge}): pods would get MTU {rail.pod_mtu} and send "
+                                "frames the rail drops",
+                          f"set ovn.rails.{rail.name}.underlayMtu to {limit} (pods then get "
+                          f"{limit - overhead}), or raise {smallest}'s MTU")
+        said = ", ".join(f"{n} {m}" for n, m in sorted(known.items()))
+        return passed(name, f"underlayMtu {rail.underlay_mtu} fits {rail.underlay_bridge} ({said}); pods get "
+                            f"MTU {rail.pod_mtu}")
+
+    def _ovn_datapath(self, db: Any, rail: Any, db_option: str, name: str) -> Check:
+        """userspaceDatapath says whether the plugin switches TX checksum offload off on a pod's
+        veth end: needed on a netdev (userspace) bridge, where TCP fails otherwise (CNI-FACTS §7),
+        a needless cost elsewhere."""
+        bridge = rail.integration_bridge
+        datapath = db.bridge_datapath(bridge) or "system"
+        key = f"ovn.rails.{rail.name}.userspaceDatapath"
+        if rail.userspace_datapath and datapath != "netdev":
+            return warned(name, f"{key} is true but {bridge} is datapath_type {datapath}: pods' TX checksum "
+                                "offload is switched off for nothing",
+                          f"set {key}: false (or ovs-vsctl{db_option} set Bridge {bridge} "
+                          "datapath_type=netdev if the userspace datapath is meant)")
+        if not rail.userspace_datapath and datapath == "netdev":
+            return warned(name, f"{bridge} is datapath_type netdev (userspace) but {key} is false: TX "
+                                "checksum offload would not be switched off on pods' veth ends, and their "
+                                "TCP fails",
+                          f"set {key}: true")
+        return passed(name, f"{bridge} is datapath_type {datapath}, {key} is "
+                            f"{'true' if rail.userspace_datapath else 'false'}")
+
     # -- device-info dir ------------------------------------------------------------------
     def check_device_info_dir(self) -> list[Check]:
         if self.node is None:
@@ -1025,6 +1260,12 @@ def agent_status(path: str, timeout: float) -> tuple[int, dict[str, Any]]:
     return 0, report if isinstance(report, dict) else {}
 
 
+def _chassis_suffix(rail: Any, external: dict[str, str]) -> str:
+    """How the rail's chassis's own keys are spelt in fixes: plain for the node's system-id
+    (or no chassis named), `-<chassis>` for another ovn-controller (`-n <chassis>`)."""
+    return f"-{rail.chassis}" if rail.chassis and rail.chassis != external.get("system-id") else ""
+
+
 # ---- output and the command line -------------------------------------------------------------
 
 def render_table(checks: list[Check]) -> str:
@@ -1082,7 +1323,8 @@ def register(subparsers: Any) -> argparse.ArgumentParser:
         "doctor", help="is this node ready for tenantnet? each check PASS/FAIL with its fix",
         description="Check this node's readiness for tenantnet: Multus, the CNI dirs, tenantnet's "
                     "executables, the agent, OVS and its bridges, SR-IOV PFs, pod-resources, etcd, "
-                    "the device-info dir, (with a kubeconfig) the CRDs and RBAC, and with dra: true "
+                    "the device-info dir, with ovn: the OVN northbound database and each rail's chassis, "
+                    "(with a kubeconfig) the CRDs and RBAC, and with dra: true "
                     "the DRA driver's kubelet registration, NRI connection, CDI dir and RBAC.",
         epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
     # SUPPRESS: given here or before `doctor` (tenantnetctl's own --node-config), either works.

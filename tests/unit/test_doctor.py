@@ -83,6 +83,10 @@ class FakeOvsdb:
     bridges: set[str] = field(default_factory=set)
     other_config: dict[str, str] = field(default_factory=dict)
     silent: bool = False  # accepts, never answers
+    databases: tuple[str, ...] = ("Open_vSwitch",)  # what list_dbs names (OVN_Northbound for an NB)
+    external_ids: dict[str, str] = field(default_factory=dict)  # the Open_vSwitch row's (ovn-controller's keys)
+    datapaths: dict[str, str] = field(default_factory=dict)  # bridge -> datapath_type ("" = system)
+    interfaces: dict[str, dict[str, tuple[str, int | None]]] = field(default_factory=dict)  # bridge -> {iface: (type, mtu)}
 
     def serve(self, conn: socket.socket) -> None:
         buf = ""
@@ -104,15 +108,28 @@ class FakeOvsdb:
 
     def answer(self, msg: dict[str, Any]) -> Any:
         if msg["method"] == "list_dbs":
-            return ["Open_vSwitch"]
-        results = []
-        for op in msg["params"][1:]:
-            if op["table"] == "Bridge":
-                name = op["where"][0][2]
-                results.append({"rows": [{"_uuid": ["uuid", "0" * 8]}] if name in self.bridges else []})
-            else:
-                results.append({"rows": [{"other_config": ["map", [[k, v] for k, v in self.other_config.items()]]}]})
-        return results
+            return list(self.databases)
+        return [{"rows": self.select(op)} for op in msg["params"][1:]]
+
+    def select(self, op: dict[str, Any]) -> list[dict[str, Any]]:
+        """A select, as OVSDB answers it (RFC 7047 notation): Bridge by name (or all), every
+        Port and Interface (one port per interface: a one-element set as its bare atom), the
+        Open_vSwitch row."""
+        table = op["table"]
+        if table == "Bridge":
+            names = [w[2] for w in op["where"] if w[0] == "name"] or sorted(self.bridges)
+            return [{"_uuid": ["uuid", f"b-{n}"], "name": n, "datapath_type": self.datapaths.get(n, ""),
+                     "ports": ["set", [["uuid", f"p-{n}-{i}"] for i in self.interfaces.get(n, {})]]}
+                    for n in names if n in self.bridges]
+        if table == "Port":
+            return [{"_uuid": ["uuid", f"p-{b}-{i}"], "interfaces": ["uuid", f"i-{b}-{i}"]}
+                    for b, ifaces in self.interfaces.items() for i in ifaces]
+        if table == "Interface":
+            return [{"_uuid": ["uuid", f"i-{b}-{i}"], "name": i, "type": kind,
+                     "mtu": mtu if mtu is not None else ["set", []]}
+                    for b, ifaces in self.interfaces.items() for i, (kind, mtu) in ifaces.items()]
+        return [{"other_config": ["map", [[k, v] for k, v in self.other_config.items()]],
+                 "external_ids": ["map", [[k, v] for k, v in self.external_ids.items()]]}]
 
 
 @dataclass
@@ -290,6 +307,10 @@ class Node:
     agent: FakeAgent
     api: FakeApi
     servers: list[Any]
+    nb: FakeOvsdb
+    # This node's addresses as the OVN checks see them (Doctor.local_addresses is patched to
+    # these: the lab's encap IPs cannot be put on a unit test's interfaces).
+    addresses: dict[str, str] = field(default_factory=dict)
 
     def write_config(self, **changes: Any) -> None:
         """The node config with `changes` (None removes a key)."""
@@ -311,8 +332,30 @@ POLICY = {
 }
 
 
+# Two rails, as the overlay lab makes them: rail0 is the plain-keyed chassis node-1 on br-int,
+# rail1 the chassis node-1-rail1 with its chassis-specific keys (ovn-controller(8)).
+OVN = {
+    "rails": {
+        "rail0": {"integrationBridge": "br-int", "underlayMtu": 1500, "underlayBridge": "br-rail0",
+                  "chassis": "node-1", "userspaceDatapath": True},
+        "rail1": {"integrationBridge": "br-int-rail1", "underlayMtu": 9000, "underlayBridge": "br-rail1",
+                  "chassis": "node-1-rail1", "userspaceDatapath": True},
+    },
+    "defaultRail": "rail0",
+}
+OVN_IDS = {"system-id": "node-1", "ovn-bridge": "br-int", "ovn-encap-ip": "192.0.2.10",
+           "ovn-bridge-node-1-rail1": "br-int-rail1", "ovn-encap-ip-node-1-rail1": "192.0.2.11"}
+OVN_INTERFACES: dict[str, dict[str, tuple[str, int | None]]] = {
+    "br-int": {"br-int": ("internal", 1500), "patch-br-int-to-x": ("patch", None)},
+    "br-int-rail1": {"br-int-rail1": ("internal", 1500)},
+    "br-rail0": {"br-rail0": ("internal", 1500), "eth-r0": ("", 1500)},
+    "br-rail1": {"br-rail1": ("internal", 9000), "eth-r1": ("", 9000)},
+}
+RAIL_CHECKS = ("bridge", "chassis", "encap IP", "underlay MTU", "datapath")
+
+
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
+def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Node]:
     # Unix socket paths must stay under 108 bytes: a short directory of its own.
     short = Path(tempfile.mkdtemp(prefix="tnd-"))
     conf_dir, bin_dir = tmp_path / "net.d", tmp_path / "bin"
@@ -336,9 +379,13 @@ def node(tmp_path: Path) -> Iterator[Node]:
             """)
     nicsysfs.write_tree(tmp_path / "sys", [nicsysfs.connectx_pf("lpf0", vfs=2)])
     (tmp_path / "devinfo" / "cni").mkdir(parents=True)
-    fake_db = FakeOvsdb({"br-t", "br-off"}, {"hw-offload": "true"})
+    fake_db = FakeOvsdb({"br-t", "br-off", *OVN_INTERFACES}, {"hw-offload": "true"},
+                        external_ids=dict(OVN_IDS), datapaths={"br-int": "netdev", "br-int-rail1": "netdev"},
+                        interfaces={b: dict(i) for b, i in OVN_INTERFACES.items()})
+    nb = FakeOvsdb(databases=("OVN_Northbound",))
     agent = FakeAgent()
-    servers: list[Any] = [Server(str(short / "db.sock"), fake_db.serve), Server(str(short / "agent.sock"), agent.serve)]
+    servers: list[Any] = [Server(str(short / "db.sock"), fake_db.serve), Server(str(short / "agent.sock"), agent.serve),
+                          Server(str(short / "nb.sock"), nb.serve)]
     labkubelet.write_pods(short / "pods.json", [])
     (short / "pod-resources").mkdir()
     servers.append(labkubelet.start(short / "pod-resources" / "kubelet.sock", short / "pods.json"))
@@ -363,11 +410,14 @@ def node(tmp_path: Path) -> Iterator[Node]:
         "prewarmBridges": ["br-t"], "tenancy": POLICY,
         "kubernetes": True, "dra": True, "kubeletRootDir": str(short), "nriSocket": str(short / "nri.sock"),
         "cdiDir": str(tmp_path / "cdi"),
+        "ovn": {"northbound": f"unix:{short}/nb.sock", **OVN},
     }
     opts = Options(node_config=str(tmp_path / "tenantnet.yaml"), kubeconfig=str(kubeconfig(tmp_path / "kc", kube.url)),
                    cni_conf_dir=str(conf_dir), cni_bin_dir=str(bin_dir), timeout=2, kube_client="builtin",
                    environ={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(tmp_path)})
-    n = Node(tmp_path, opts, config, fake_db, agent, api, servers)
+    n = Node(tmp_path, opts, config, fake_db, agent, api, servers, nb,
+             {"192.0.2.10": "br-rail0", "192.0.2.11": "br-rail1", "127.0.0.1": "lo"})
+    monkeypatch.setattr(Doctor, "local_addresses", lambda self: n.addresses)
     n.write_config()
     try:
         yield n
@@ -391,7 +441,9 @@ def test_a_healthy_node_passes_every_check(node: Node) -> None:
     assert set(checks) - set(HEALTHY) == {db, "bridge br-t", "bridge br-off", "OVS hw-offload", "PF lpf0",
                                           "eswitch lpf0", "pod-resources", "device plugin", etcd, "device-info dir", "NAD CRD",
                                           "TenantNetwork CRD", "RBAC agent", "RBAC renderer", "RBAC agent DRA",
-                                          "DRA plugins_registry", "DRA registration", "DRA NRI", "DRA CDI dir"}
+                                          "DRA plugins_registry", "DRA registration", "DRA NRI", "DRA CDI dir",
+                                          "OVN northbound",
+                                          *(f"rail {r} {c}" for r in ("rail0", "rail1") for c in RAIL_CHECKS)}
     assert "thin" in checks["Multus config"].detail and "v4.3.0" in checks["Multus version"].detail
     assert "0000:3b:00.0, 2 VFs" in checks["PF lpf0"].detail
     assert "pid 4242 (root)" in checks["agent"].detail
@@ -687,6 +739,163 @@ def test_etcd_one_endpoint_down_warns_all_down_fails(node: Node) -> None:
     fails(node.run(), f"etcd {dead}", "etcdEndpoints")
 
 
+# ---- OVN (overlay networks) -----------------------------------------------------------------------
+
+def rails(**changes: dict[str, Any] | None) -> dict[str, Any]:
+    """OVN's rails with some changed (None removes a rail's key given as None)."""
+    out = {}
+    for name, spec in OVN["rails"].items():
+        merged = {**spec, **(changes.get(name) or {})}
+        out[name] = {k: v for k, v in merged.items() if v is not None}
+    return out
+
+
+def test_overlay_checks_say_what_they_found(node: Node) -> None:
+    checks = node.run()
+    assert "answers (OVN_Northbound database)" in checks["OVN northbound"].detail
+    r0, r1 = checks["rail rail0 chassis"].detail, checks["rail rail1 chassis"].detail
+    assert r0.startswith("chassis node-1: ovn-bridge=br-int, ovn-encap-ip=192.0.2.10"), r0
+    assert r1.startswith("chassis node-1-rail1: ovn-bridge-node-1-rail1=br-int-rail1, "
+                         "ovn-encap-ip-node-1-rail1=192.0.2.11"), r1
+    assert checks["rail rail1 encap IP"].detail == "192.0.2.11 on br-rail1 (this node's)"
+    assert checks["rail rail1 underlay MTU"].detail == ("underlayMtu 9000 fits br-rail1 (br-rail1 9000, eth-r1 9000); "
+                                                        "pods get MTU 8942")
+    assert "patch" not in checks["rail rail0 underlay MTU"].detail
+    assert checks["rail rail0 datapath"].detail.startswith("br-int is datapath_type netdev")
+
+
+def test_without_ovn_one_skip_says_overlays_are_not_configured(node: Node) -> None:
+    node.write_config(ovn=None)
+    checks = node.run()
+    assert checks["OVN"].status == Status.SKIP and "overlays are not configured" in checks["OVN"].detail
+    assert [n for n in checks if n.startswith(("rail ", "OVN "))] == []
+    assert doctor.exit_code(list(checks.values())) == 0
+
+
+def test_a_northbound_that_does_not_answer_fails_naming_the_key_and_rails_are_still_checked(node: Node) -> None:
+    short = Path(node.config["agentSocket"]).parent
+    node.write_config(ovn={**node.config["ovn"], "northbound": f"unix:{short}/gone.sock"})
+    checks = node.run()
+    c = fails(checks, "OVN northbound", "ovn.northbound", f"unix:{short}/gone.sock")
+    assert "no overlay attachment can be made" in c.detail
+    assert checks["rail rail1 encap IP"].status == Status.PASS
+
+
+def test_an_ovsdb_without_the_northbound_database_fails(node: Node) -> None:
+    node.nb.databases = ("Open_vSwitch",)
+    c = fails(node.run(), "OVN northbound", "ovn-central")
+    assert "serves no OVN_Northbound database" in c.detail
+
+
+def test_an_ssl_northbound_skips_saying_why(node: Node) -> None:
+    node.write_config(ovn={**node.config["ovn"], "northbound": "ssl:192.0.2.1:6641"})
+    c = node.run()["OVN northbound"]
+    assert c.status == Status.SKIP and "unix: and tcp: endpoints only" in c.detail, c
+
+
+def test_a_missing_integration_bridge_fails_naming_it(node: Node) -> None:
+    node.ovsdb.bridges.discard("br-int-rail1")
+    checks = node.run()
+    c = fails(checks, "rail rail1 bridge", "external_ids:ovn-bridge-node-1-rail1=br-int-rail1",
+              f"ovs-vsctl --db={node.config['ovsdb']} add-br br-int-rail1", "ovn.rails.rail1.integrationBridge")
+    assert "br-int-rail1" in c.detail and "does not exist" in c.detail
+    assert checks["rail rail1 datapath"].status == Status.SKIP
+    assert checks["rail rail0 bridge"].status == Status.PASS
+
+
+def test_a_chassis_without_its_own_bridge_key_falls_back_to_the_plain_one_and_fails(node: Node) -> None:
+    # ovn-controller(8): without ovn-bridge-<chassis>, the chassis reads the plain ovn-bridge.
+    del node.ovsdb.external_ids["ovn-bridge-node-1-rail1"]
+    checks = node.run()
+    c = fails(checks, "rail rail1 chassis", "external_ids:ovn-bridge-node-1-rail1=br-int-rail1")
+    assert "chassis node-1-rail1's ovn-controller uses br-int (ovn-bridge=br-int" in c.detail
+    assert "integrationBridge br-int-rail1" in c.detail
+    assert checks["rail rail1 encap IP"].status == Status.SKIP
+
+
+def test_no_ovn_bridge_key_is_br_int(node: Node) -> None:
+    del node.ovsdb.external_ids["ovn-bridge"]
+    checks = node.run()
+    assert checks["rail rail0 chassis"].status == Status.PASS
+    assert "ovn-bridge unset (br-int)" in checks["rail rail0 chassis"].detail
+
+
+def test_a_chassis_named_by_system_id_reads_its_specific_keys(node: Node) -> None:
+    # rail1 gives no chassis: its ovn-controller is the node's system-id, here node-1-rail1.
+    node.ovsdb.external_ids["system-id"] = "node-1-rail1"
+    node.write_config(ovn={**node.config["ovn"], "rails": rails(rail1={"chassis": None})})
+    checks = node.run()
+    assert checks["rail rail1 chassis"].status == Status.PASS
+    assert "ovn-encap-ip-node-1-rail1=192.0.2.11" in checks["rail rail1 chassis"].detail
+    assert checks["rail rail0 chassis"].status == Status.PASS  # node-1 given: plain keys
+
+
+def test_a_rail_falling_back_to_another_rails_encap_ip_fails(node: Node) -> None:
+    del node.ovsdb.external_ids["ovn-encap-ip-node-1-rail1"]
+    c = fails(node.run(), "rail rail1 encap IP", "external_ids:ovn-encap-ip-node-1-rail1=")
+    assert c.detail.startswith("192.0.2.10 is also rail rail0's encap IP"), c.detail
+
+
+def test_no_encap_ip_fails(node: Node) -> None:
+    del node.ovsdb.external_ids["ovn-encap-ip"]
+    c = fails(node.run(), "rail rail0 chassis", "external_ids:ovn-encap-ip=")
+    assert "no encap IP (ovn-encap-ip unset" in c.detail
+
+
+def test_an_encap_ip_that_is_not_this_nodes_fails(node: Node) -> None:
+    del node.addresses["192.0.2.11"]
+    c = fails(node.run(), "rail rail1 encap IP", "put 192.0.2.11 on rail rail1's NIC")
+    assert c.detail.startswith("192.0.2.11 (ovn-encap-ip-node-1-rail1) is not an address of this node"), c.detail
+
+
+def test_an_underlay_mtu_larger_than_the_rails_interface_warns(node: Node) -> None:
+    node.ovsdb.interfaces["br-rail1"]["eth-r1"] = ("", 1500)
+    checks = node.run()
+    c = checks["rail rail1 underlay MTU"]
+    assert c.status == Status.WARN, c
+    assert "underlayMtu 9000 is larger than eth-r1's MTU 1500" in c.detail and "MTU 8942" in c.detail
+    assert c.fix.startswith("set ovn.rails.rail1.underlayMtu to 1500 (pods then get 1442)")
+    assert doctor.exit_code(list(checks.values())) == 0
+
+
+def test_underlay_mtu_skips_without_an_underlay_bridge_and_fails_for_a_missing_one(node: Node) -> None:
+    node.write_config(ovn={**node.config["ovn"], "rails": rails(rail0={"underlayBridge": None},
+                                                                 rail1={"underlayBridge": "br-nope"})})
+    checks = node.run()
+    assert checks["rail rail0 underlay MTU"].status == Status.SKIP
+    assert "no ovn.rails.rail0.underlayBridge" in checks["rail rail0 underlay MTU"].detail
+    c = fails(checks, "rail rail1 underlay MTU", "ovn.rails.rail1.underlayBridge")
+    assert "br-nope" in c.detail
+
+
+def test_userspace_datapath_mismatches_warn(node: Node) -> None:
+    node.ovsdb.datapaths["br-int"] = ""  # the kernel datapath
+    node.write_config(ovn={**node.config["ovn"], "rails": rails(rail1={"userspaceDatapath": False})})
+    checks = node.run()
+    r0, r1 = checks["rail rail0 datapath"], checks["rail rail1 datapath"]
+    assert r0.status == Status.WARN and "datapath_type system" in r0.detail and "for nothing" in r0.detail
+    assert "userspaceDatapath: false" in r0.fix
+    assert r1.status == Status.WARN and "TX checksum offload would not be switched off" in r1.detail
+    assert r1.fix == "set ovn.rails.rail1.userspaceDatapath: true"
+    assert doctor.exit_code(list(checks.values())) == 0
+
+
+def test_a_rails_ovsdb_that_does_not_answer_fails_and_its_checks_skip(node: Node) -> None:
+    short = Path(node.config["agentSocket"]).parent
+    gone = f"unix:{short}/gone.sock"
+    node.write_config(ovn={**node.config["ovn"], "rails": rails(rail0={"ovsdb": gone}, rail1={"ovsdb": gone})})
+    checks = node.run()
+    failing = sorted(n for n, c in checks.items() if c.status == Status.FAIL)
+    assert failing == ["rail rail0 bridge", "rail rail1 bridge"]
+    assert gone in checks["rail rail1 bridge"].detail and "ovn.rails.rail1.ovsdb" in checks["rail rail1 bridge"].fix
+    assert {checks[f"rail {r} {c}"].status for r in ("rail0", "rail1") for c in RAIL_CHECKS[1:]} == {Status.SKIP}
+
+
+def test_local_addresses_come_from_the_kernel() -> None:
+    addresses = Doctor(Options()).local_addresses()
+    assert isinstance(addresses, dict) and addresses.get("127.0.0.1") == "lo", addresses
+
+
 def test_device_info_dir_missing_warns_symlink_or_file_fails(node: Node) -> None:
     path = node.root / "devinfo" / "cni"
     path.rmdir()
@@ -936,7 +1145,11 @@ def ctl(node: Node, *args: str) -> subprocess.CompletedProcess[str]:
 
 def test_cli_exit_codes_and_json(node: Node) -> None:
     # No ovs-offload network: the eswitch's test VF control exists in this process only.
-    node.write_config(tenancy={**POLICY, "networks": {k: v for k, v in POLICY["networks"].items() if k != "rail-3"}})
+    # Doctor.local_addresses is not patched in the child: one rail, its encap IP one this
+    # process's namespace surely has (so the real rtnetlink read is exercised too).
+    node.ovsdb.external_ids["ovn-encap-ip"] = "127.0.0.1"
+    node.write_config(tenancy={**POLICY, "networks": {k: v for k, v in POLICY["networks"].items() if k != "rail-3"}},
+                      ovn={**node.config["ovn"], "rails": {"rail0": OVN["rails"]["rail0"]}})
     run = ctl(node, "--json")
     assert run.returncode == 0, run.stdout + run.stderr
     report = json.loads(run.stdout)
