@@ -30,7 +30,7 @@ _NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")  # a rail name: a DNS 
 _BRIDGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}")  # as tnconf's
 _CHASSIS = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.\-]{0,252}")
 _RAIL_KEYS = ("integrationBridge", "ovsdb", "underlayMtu", "underlayBridge", "chassis", "userspaceDatapath")
-_OVN_KEYS = ("northbound", "timeout", "rails", "defaultRail")
+_OVN_KEYS = ("northbound", "timeout", "rails", "defaultRail", "installTimeout")
 
 
 @dataclass(frozen=True)
@@ -60,6 +60,12 @@ class OvnSettings:
     timeout: float = 5.0
     rails: dict[str, OvnRail] = field(default_factory=dict)
     default_rail: str = ""
+    # An ADD returns once the rail's ovn-controller has installed the port's flows (it marks
+    # the OVS Interface `external_ids:ovn-installed`), as OVN-Kubernetes waits: a pod that
+    # starts sending before that loses its first ARP, and the kernel retries it only after
+    # 1 s. Past this many seconds the ADD fails with code 11 (is ovn-controller running?);
+    # 0: do not wait.
+    install_timeout: float = 10.0
 
     def rail(self, name: str | None) -> OvnRail | None:
         if name is None:
@@ -95,7 +101,11 @@ def parse_node_ovn(value: Any, bad: Any, normalise_ovsdb_endpoint: Any) -> OvnSe
     default = value.get("defaultRail", "")
     if default and default not in rails:
         raise bad("ovn.defaultRail", default, f"one of the rails ({', '.join(rails)})")
-    return OvnSettings(northbound=endpoint, timeout=float(timeout), rails=rails, default_rail=default)
+    install = value.get("installTimeout", 10.0)
+    if isinstance(install, bool) or not isinstance(install, (int, float)) or not 0 <= install <= 300:
+        raise bad("ovn.installTimeout", install, "a number of seconds between 0 (do not wait) and 300")
+    return OvnSettings(northbound=endpoint, timeout=float(timeout), rails=rails, default_rail=default,
+                       install_timeout=float(install))
 
 
 def _rail(name: str, spec: dict[str, Any], where: str, bad: Any, normalise: Any) -> OvnRail:
@@ -133,6 +143,7 @@ class Overlay:
     switch: str
     northbound: str
     timeout: float
+    install_timeout: float = 10.0
 
 
 def parse(raw: dict[str, Any], node: Any, mode: str, vlan: int | None,
@@ -178,7 +189,7 @@ def parse(raw: dict[str, Any], node: Any, mode: str, vlan: int | None,
 
     segment = vlan or None  # VLAN 0 is "untagged": no segment
     return Overlay(kind=kind, rail=rail, segment=segment, switch=switch_name(str(network), segment),
-                   northbound=ovn.northbound, timeout=ovn.timeout)
+                   northbound=ovn.northbound, timeout=ovn.timeout, install_timeout=ovn.install_timeout)
 
 
 def check_mtu(overlay: Overlay, mtu: int | None) -> int:

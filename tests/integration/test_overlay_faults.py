@@ -20,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
@@ -30,6 +31,7 @@ pytestmark = pytest.mark.root
 
 RED = s.overlay_conf("red", 16, 250, subnet="10.88.60.0/24")
 FAULT_ENV = "TENANTNET_TEST_FAULT"
+INSTALL = 3  # s: ovn.installTimeout in this module's lab
 TRY_AGAIN = 11
 
 
@@ -56,6 +58,13 @@ class World:
 def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ovn.OvnLab]:
     root = str(tmp_path_factory.mktemp("ovnfault") / "lab")
     made = ovn.up(root, nodes=3)
+    # An ADD waits for ovn-controller's flows (ovn.installTimeout): with northd or a
+    # controller away that wait runs out, so it is kept short here.
+    for node in made.nodes:
+        text = Path(node.node_config).read_text()
+        assert "  timeout: 5\n" in text
+        Path(node.node_config).write_text(
+            text.replace("  timeout: 5\n", f"  timeout: 5\n  installTimeout: {INSTALL}\n"))
     try:
         yield made
     finally:
@@ -133,9 +142,11 @@ def _retry(new: s.Pod, added: s.Invocation, old: s.Pod, deleted: s.Invocation) -
 @pytest.mark.parametrize("which", ["nb", "northd", "controller"])
 def test_daemon_down_during_add_and_del(world: World, which: str) -> None:
     """The daemon is dead while an ADD (on node2) and a DEL (of a node2 pod) run. Without the
-    NB both fail with code 11 (try again) and leave no OVS port or veth behind; without
-    northd or node2's ovn-controller the NB still takes the writes and both succeed. After
-    the restart and the runtime's retries: the right logical ports, once, and traffic."""
+    NB both fail with code 11 (try again) and leave no OVS port or veth behind. Without
+    northd or node2's ovn-controller the NB takes the writes, but nobody installs the new
+    port's flows: the ADD waits ovn.installTimeout, answers 11 and is undone (no logical
+    port, OVS port, veth or record), and the DEL, which needs neither, succeeds. After the
+    restart and the runtime's retries: the right logical ports, once, and traffic."""
     lab = world.lab
     a, old = world.live(0), world.live(1)
     far = world.live(2)
@@ -156,7 +167,11 @@ def test_daemon_down_during_add_and_del(world: World, which: str) -> None:
         cleanup = s.delete(new)
         assert cleanup.code == 0 or json.loads(cleanup.stdout)["code"] == TRY_AGAIN, cleanup
     else:
-        assert (added.code, deleted.code) == (0, 0), (added, deleted)
+        assert added.code == 1 and deleted.code == 0, (added, deleted)
+        refusal = json.loads(added.stdout)
+        assert refusal["code"] == TRY_AGAIN and "did not install" in refusal["msg"], refusal
+        assert _gone(lab, new) == []
+        assert s.delete(new).code == 0  # the runtime's DEL after a failed ADD: nothing to do
     s.start(daemon)
     _retry(new, added, old, deleted)
     settle(lab, live=[a, new, far], gone=[old])

@@ -22,12 +22,13 @@ import os
 import socket
 import threading
 import time
+from dataclasses import dataclass
 
 from cni.errors import CniError, Code
 from tenantnet.plugin import digest, faults
 from tenantnet.plugin.nodeconfig import NodeConfig
 from tenantnet.plugin.records import AttachmentRecord
-from tenantnet.plugin.system.ovsdb import OWNER_CONTAINER, OWNER_IFNAME
+from tenantnet.plugin.system.ovsdb import OWNER_CONTAINER, OWNER_IFNAME, Ovsdb
 from tenantnet.plugin.tenantnetworks import NETWORK_FIELD as TENANT_NETWORK_FIELD
 
 STEP_LSP = "lsp"
@@ -70,10 +71,47 @@ def _translated(exc: Exception, doing: str) -> CniError:
     return CniError(Code.OVSDB_FAILURE, f"{doing}: {exc}")
 
 
+@dataclass(frozen=True)
+class Installed:
+    """Where to see that ovn-controller has installed an attachment's flows: its OVS
+    Interface (`port` on `bridge`, in `db`) gets `external_ids:ovn-installed=true`."""
+
+    db: Ovsdb
+    port: str
+    bridge: str
+    timeout: float  # 0: do not wait
+
+
+INSTALLED = "ovn-installed"
+
+
+def wait_installed(installed: Installed, lsp: str) -> None:
+    """Until ovn-controller has marked the port installed; CniError 11 past the time-out."""
+    if installed.timeout <= 0 or not installed.port:
+        return
+    deadline = time.monotonic() + installed.timeout
+    pause = 0.001  # ovn-controller takes a few ms once both rows exist: look often, then less
+    while True:
+        ids = installed.db.interface_ids(installed.port)
+        if ids is not None and ids.get(INSTALLED) == "true" and ids.get("iface-id") == lsp:
+            faults.step("ovn.installed")
+            return
+        if time.monotonic() >= deadline:
+            raise CniError(Code.TRY_AGAIN_LATER,
+                           f"ovn-controller did not install logical port {lsp} (OVS port {installed.port} on "
+                           f"{installed.bridge}) within {installed.timeout:g}s: is the ovn-controller of "
+                           "that bridge's chassis running and connected to the southbound database? "
+                           "(node config ovn.installTimeout)")
+        time.sleep(pause)
+        pause = min(pause * 2, 0.02)
+
+
 def bind(node: NodeConfig, record: AttachmentRecord, network: str, segment: int | None, switch: str,
-         endpoint: str, timeout: float, lsp: str, mac: str, ips: list[str]) -> None:
+         endpoint: str, timeout: float, lsp: str, mac: str, ips: list[str],
+         installed: Installed | None = None) -> None:
     """The attachment's logical switch port, its switch made first if no one has (the agent
-    creates a missing switch without a tunnel key; a TenantNetwork's is the renderer's)."""
+    creates a missing switch without a tunnel key; a TenantNetwork's is the renderer's);
+    then, with `installed`, until ovn-controller has installed its flows."""
     from tenantnet.plugin.system import ovnnb
 
     nb = _nb(node, endpoint, timeout)
@@ -109,6 +147,8 @@ def bind(node: NodeConfig, record: AttachmentRecord, network: str, segment: int 
         raise _translated(exc, doing) from None
     except (ovnnb.NbFailure, ovnnb.NbUnavailable) as exc:
         raise _translated(exc, doing) from None
+    if installed is not None:
+        wait_installed(installed, lsp)
 
 
 def unbind(node: NodeConfig, record: AttachmentRecord, endpoint: str, timeout: float, lsp: str) -> None:

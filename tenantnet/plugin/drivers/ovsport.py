@@ -60,13 +60,14 @@ class PortPlan(Plan):
     overlay_nb: str = ""
     overlay_timeout: float = 5.0
     overlay_segment: int | None = None
+    overlay_install_timeout: float = 0.0  # s an ADD waits for ovn-controller's flows (0: not)
     pod_mac: str = ""
     tx_checksum_off: bool = False
     # Why the network's pre-warm did not run for this attachment ("" when it was not asked).
     prewarm_note: str = ""
     _SPARSE: ClassVar[frozenset[str]] = frozenset({
         "overlay_switch", "overlay_port", "overlay_nb", "overlay_timeout", "overlay_segment", "pod_mac",
-        "tx_checksum_off", "prewarm_note"})
+        "tx_checksum_off", "prewarm_note", "overlay_install_timeout"})
 
     def on_overlay(self) -> bool:
         return bool(self.overlay_port)
@@ -221,6 +222,7 @@ def plan_overlay(plan: PortPlan, node: NodeConfig, conf: TenantnetConf, env: Cni
     plan.overlay_segment = ov.segment
     plan.overlay_nb = ov.northbound
     plan.overlay_timeout = ov.timeout
+    plan.overlay_install_timeout = ov.install_timeout
     plan.overlay_port = ovnport.port_name(ovnport.node_name(node), env.container_id, env.ifname)
     plan.pod_mac = conf.mac or ovnport.pod_mac(conf.name, env.container_id, env.ifname)
     plan.tx_checksum_off = ov.rail.userspace_datapath
@@ -237,9 +239,11 @@ def bind_overlay(node: NodeConfig, record: AttachmentRecord, plan: PortPlan,
     from tenantnet.plugin.drivers.base import in_background
 
     record.mark(ovnport.STEP_LSP)  # before: the transaction may commit and still report failure
-    network = record.network
-    return in_background(ovnport.bind, node, record, network, plan.overlay_segment, plan.overlay_switch,
-                         plan.overlay_nb, plan.overlay_timeout, plan.overlay_port, plan.pod_mac, ips)
+    installed = ovnport.Installed(ovsdb_for(node, plan.ovsdb), plan.port_name() or "", plan.bridge or "",
+                                  plan.overlay_install_timeout)
+    return in_background(ovnport.bind, node, record, record.network, plan.overlay_segment,
+                         plan.overlay_switch, plan.overlay_nb, plan.overlay_timeout, plan.overlay_port,
+                         plan.pod_mac, ips, installed)
 
 
 def unbind_overlay(node: NodeConfig, record: AttachmentRecord, plan: PortPlan) -> Pending | None:

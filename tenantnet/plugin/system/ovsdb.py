@@ -402,6 +402,12 @@ class Ovsdb:
         iface = next((i for i in ifaces if _atom(i.get("_uuid")) in members), None)
         return _port_state(name, str(bridges[0]["name"]) if bridges else None, p, iface)
 
+    def interface_ids(self, name: str) -> dict[str, str] | None:
+        """The external_ids of the Interface `name` (None when there is none)."""
+        (rows,) = self._rpc_select(f"reading interface {name}",
+                                   _select("Interface", _where_name(name), ["external_ids"]))
+        return _map(rows[0].get("external_ids")) if rows else None
+
     def bridge_of_interface(self, ifname: str) -> str | None:
         """The bridge holding a port with interface `ifname` (a plain port or a bond member)."""
         what = "reading interfaces"
