@@ -234,7 +234,8 @@ def _start_node(root: str, tag: str, index: int, rails: int, etcd: str) -> OvnNo
     os.makedirs(node.root, mode=0o700)
     _run(["ip", "netns", "add", node.netns], f"creating netns {node.netns}")
     ip_ns(node.netns, "link", "set", "lo", "up")
-    _mgmt(tag, node)
+    if etcd:  # the management network exists for etcd only
+        _mgmt(tag, node)
     db = os.path.join(node.root, "conf.db")
     _run(["ovsdb-tool", "create", db, VSWITCH_SCHEMA], f"{name}: creating conf.db", _env(node.root))
     _daemon(node.root, "ovsdb-server", ["ovsdb-server", db, f"--remote=punix:{node.root}/db.sock"],

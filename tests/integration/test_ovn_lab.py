@@ -326,14 +326,17 @@ def test_down_leaves_nothing(lab: ovn.OvnLab) -> None:
 
 
 def test_cli_overlay_up_status_down(tmp_path: Path) -> None:
-    """`tenantnetctl lab up --nodes N --overlay` (one node, two rails), status, down."""
+    """`tenantnetctl lab up --nodes N --overlay` (one node, two rails, no etcd: the module's
+    lab has one), status, down."""
     ctl = str(Path(sys.executable).parent / "tenantnetctl")
     root = str(tmp_path / "lab")
     try:
-        up = subprocess.run([ctl, "lab", "up", "--nodes", "1", "--rails", "2", "--overlay", "--dir", root,
-                             "--json"], capture_output=True, text=True, timeout=60)
+        up = subprocess.run([ctl, "lab", "up", "--nodes", "1", "--rails", "2", "--overlay", "--no-etcd",
+                             "--dir", root, "--json"], capture_output=True, text=True, timeout=60)
         assert up.returncode == 0, up.stderr
         shown = json.loads(up.stdout)
+        assert not shown.get("etcd")
+        assert "etcdEndpoints" not in Path(shown["nodes"][0]["nodeConfig"]).read_text()
         assert shown["nodes"][0]["encapIps"] == ["192.168.100.1", "192.168.101.1"]
         assert shown["ovn"]["nb"] == f"unix:{root}/central/nb.sock"
         status = subprocess.run([ctl, "lab", "status", "--dir", root], capture_output=True, text=True, timeout=30)
