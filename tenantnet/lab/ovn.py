@@ -42,15 +42,11 @@ Linux bridge; the datapath is OVS's userspace one, not a kernel or hardware data
 
 from __future__ import annotations
 
-import ctypes
-import fcntl
 import hashlib
 import json
 import os
 import shutil
 import signal
-import socket
-import struct
 import subprocess
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -632,36 +628,13 @@ class LabPod:
     ip: str     # with prefix length
 
 
-SIOCETHTOOL = 0x8946
-ETHTOOL_GTXCSUM = 0x16
-ETHTOOL_STXCSUM = 0x17
-
-
-def tx_checksum(ifname: str, on: bool | None = None) -> bool:
-    """Read (and with `on` set) an interface's TX checksum offload in this process's namespace —
-    what `ethtool -K <if> tx off` does, for machines without ethtool."""
-    value = ctypes.create_string_buffer(struct.pack("II", ETHTOOL_GTXCSUM if on is None else ETHTOOL_STXCSUM,
-                                                    int(bool(on))))
-    ifr = struct.pack("16sP", ifname.encode(), ctypes.addressof(value))
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        fcntl.ioctl(s.fileno(), SIOCETHTOOL, ifr)
-    if on is None:
-        return bool(struct.unpack("II", value.raw[:8])[1])
-    return on
-
-
 def tx_checksum_in(netns: str, ifname: str, on: bool | None = None) -> bool:
-    """`tx_checksum` run in namespace `netns` (a child process: this one stays where it is)."""
-    import sys
+    """Read (and with `on` set) the TX checksum offload of `ifname` in namespace `netns` —
+    what `ethtool -K <if> tx off` does, for machines without ethtool (tenantnet's own
+    SIOCETHTOOL helper, which opens its socket inside the namespace)."""
+    from tenantnet.plugin.system import ethtool
 
-    code = "from tenantnet.lab.ovn import tx_checksum as t\n"
-    if on is not None:
-        code += f"t({ifname!r}, {on!r})\n"
-    code += f"print(t({ifname!r}))"  # read back: what the kernel kept
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
-    out = _run(["ip", "netns", "exec", netns, sys.executable, "-c", code], f"tx checksum offload in {netns}",
-               env)
-    return out.strip() == "True"
+    return ethtool.tx_checksum(f"/run/netns/{netns}", ifname, on)
 
 
 def plug_pod(lab: OvnLab, node: OvnNode, pod: str, lsp: str, mac: str, ip: str, bind: bool = True,

@@ -169,7 +169,8 @@ class Plugin:
             bound = driver.addressed(record, tconf, [str(ip.address) for ip in ipam_result.ips])
             if attached.has_netdev:
                 pod_state = netlink.configure_pod_interface(
-                    env.netns, attached.pod_ifname, results.address_plan(ipam_result)
+                    env.netns, attached.pod_ifname, results.address_plan(ipam_result),
+                    tx_checksum_off=attached.tx_checksum_off,
                 )
                 pod = Interface(name=pod_state.name, mac=pod_state.mac, mtu=pod_state.mtu,
                                 sandbox=env.netns, pci_id=attached.pci_id)

@@ -134,8 +134,10 @@ def test_add_across_nodes_binds_ports_with_port_security_and_del_removes_them(la
             assert port["port_security"] == [want] and port["addresses"] == [want]
             assert switch_of(lab, name) == "tn-ov-blue"
             assert chassis_of(lab, name) == node  # rail0's chassis is the node itself
-        # The pod end: MTU = underlay 1500 - 58, the MAC port security names.
+        # The pod end: MTU = underlay 1500 - 58, the MAC port security names, and (userspace
+        # datapath) its TX checksums computed by itself.
         assert link(a)["mtu"] == 1442 and link(a)["address"] == ra["interfaces"][1]["mac"]
+        assert ovn.tx_checksum_in(a, "net1") is False and ovn.tx_checksum_in(b, "net1") is False
         assert ping(a, address_of(rb)) and ping(b, address_of(ra))
         code, out = cni("CHECK", n1, {**conf(), "prevResult": ra}, "a1" * 32, a)
         assert code == 0, out

@@ -43,6 +43,9 @@ class Attached:
     # the core does IPAM and the pod's addresses; the core waits for it before it reports
     # success, and before any rollback.
     pending: Pending | None = None
+    # The pod end must compute its own TX checksums (an OVS userspace datapath): the core
+    # switches the offload off while it configures the pod interface.
+    tx_checksum_off: bool = False
 
 
 MARK_PREFIX = "tenantnet:"

@@ -113,15 +113,12 @@ class OvsDriver(Driver):
                 f"in {record.netns}",
             ) from None
         faults.step("ovs.veth-created")
-        if plan.tx_checksum_off:
-            from tenantnet.plugin.system import ethtool
-
-            ethtool.tx_checksum(record.netns, record.ifname, False)
         record.mark(STEP_PORT)  # before the transaction: it may commit and still report failure
         # The transaction (a round trip to ovsdb-server) runs while the core allocates
         # addresses and configures the pod; the core waits for it before answering.
         pending = in_background(ovsport.add_owned_port, db, record, plan, host)
-        return Attached(host=Interface(name=host, mac=link.mac), pod_ifname=record.ifname, pending=pending)
+        return Attached(host=Interface(name=host, mac=link.mac), pod_ifname=record.ifname, pending=pending,
+                        tx_checksum_off=plan.tx_checksum_off)
 
     def addressed(self, record: AttachmentRecord, conf: TenantnetConf, ips: list[str]) -> Pending | None:
         return ovsport.bind_overlay(self.node, record, _plan(record), ips)

@@ -242,12 +242,10 @@ class OvsOffloadDriver(VfDriver):
     def attach(self, record: AttachmentRecord, conf: TenantnetConf) -> Attached:
         plan = _plan(record)
         attached = super().attach(record, self._pod_side(conf, plan))
-        if plan.tx_checksum_off and attached.has_netdev:
-            # The lab: the representor is on a userspace datapath, which passes a packet's
-            # checksum on unfilled (CNI-FACTS §7), as for mode ovs's veth.
-            from tenantnet.plugin.system import ethtool
-
-            ethtool.tx_checksum(record.netns, record.ifname, False)
+        # The lab: the representor is on a userspace datapath, which passes a packet's
+        # checksum on unfilled (CNI-FACTS §7), as for mode ovs's veth: the core switches the
+        # pod end's offload off while it configures it.
+        attached.tx_checksum_off = plan.tx_checksum_off and attached.has_netdev
         rep = plan.representor or ""
         netlink.set_host_link(rep, mtu=plan.mtu, up=True)
         faults.step("offload.representor-up")

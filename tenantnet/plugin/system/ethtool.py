@@ -20,6 +20,12 @@ ETHTOOL_GTXCSUM = 0x16
 ETHTOOL_STXCSUM = 0x17
 
 
+def set_tx_checksum(sock: socket.socket, ifname: str, on: bool) -> None:
+    """Set `ifname`'s TX checksum offload through `sock`, a socket of the interface's
+    namespace (any family: a netlink socket the caller holds there does)."""
+    _tx_checksum(sock, ifname, on)
+
+
 def _tx_checksum(sock: socket.socket, ifname: str, on: bool | None) -> bool:
     command = ETHTOOL_GTXCSUM if on is None else ETHTOOL_STXCSUM
     value = ctypes.create_string_buffer(struct.pack("II", command, int(bool(on))))

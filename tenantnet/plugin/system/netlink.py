@@ -301,12 +301,20 @@ class AddressPlan:
     routes: Sequence[tuple[str, str | None]] = ()
 
 
-def configure_pod_interface(netns_path: str, ifname: str, plan: AddressPlan) -> LinkState:
-    """Bring the pod interface up, add addresses and routes; return its state."""
+def configure_pod_interface(netns_path: str, ifname: str, plan: AddressPlan,
+                            tx_checksum_off: bool = False) -> LinkState:
+    """Bring the pod interface up, add addresses and routes; return its state. With
+    `tx_checksum_off`, its TX checksum offload is switched off first (an OVS userspace
+    datapath, tenantnet/plugin/system/ethtool.py), on the socket this already holds in the
+    pod's namespace (the ioctl acts in the socket's namespace; no second thread enters it)."""
     with open_rtnl(netns_path) as rt, translated(f"configuring {ifname} in {netns_path}"):
         link = rt.link(ifname)
         if link is None:
             raise LinkNotFound(f"interface {ifname} not found in {netns_path}", errno.ENODEV)
+        if tx_checksum_off:
+            from tenantnet.plugin.system import ethtool
+
+            ethtool.set_tx_checksum(rt.sock, ifname, False)
         lo = rt.link("lo")
         if lo is not None and not lo.up:
             rt.set_link(lo.index, up=True)
