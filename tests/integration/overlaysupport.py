@@ -13,15 +13,27 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from tenantnet.lab import ovn
 
 BIN = Path(sys.executable).parent
 PLUGIN = str(BIN / "tenantnet")
 SUBNET = "10.88.50.0/24"  # every tenant of the isolation tests: one subnet, on purpose
+T = TypeVar("T")
+
+
+def concurrently(checks: Iterable[Callable[[], T]]) -> list[T]:
+    """Each check's result, in order, all run at once. For traffic checks (each a subprocess in
+    a pod's namespace, mostly waiting on the network): a row of them costs one wait."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    todo = list(checks)
+    with ThreadPoolExecutor(max(1, len(todo))) as pool:
+        return list(pool.map(lambda check: check(), todo))
 
 
 def overlay_conf(name: str, first: int, last: int, segment: int | None = None,
@@ -139,6 +151,20 @@ def attach(lab: ovn.OvnLab, node: ovn.OvnNode, name: str, conf: dict[str, Any]) 
     return pod
 
 
+def attach_all(lab: ovn.OvnLab, wanted: list[tuple[int, str, dict[str, Any]]]) -> list[Pod]:
+    """A pod for each (node index, name, network config), in that order: each node's ADDs one
+    after another (as its kubelet would), the nodes' at once."""
+    pods = [new_pod(lab, lab.nodes[node], name, conf) for node, name, conf in wanted]
+    by_node: dict[str, list[Pod]] = {}
+    for pod in pods:
+        by_node.setdefault(pod.node.name, []).append(pod)
+    done = concurrently([lambda group=group: [(pod, add(pod)) for pod in group] for group in by_node.values()])
+    failed = [f"ADD {pod.name} on {pod.node.name}: {inv.code} {inv.stdout} {inv.stderr}"
+              for group in done for pod, inv in group if inv.code != 0]
+    assert not failed, failed
+    return pods
+
+
 # --- traffic ------------------------------------------------------------------------------
 
 def ping(src: Pod, ip: str, deadline: int = 5) -> bool:
@@ -170,10 +196,14 @@ class TcpServer:
 
     PORT = 7777
 
-    def __init__(self, pod: Pod) -> None:
+    def __init__(self, pod: Pod, wait: bool = True) -> None:
         self.pod = pod
         self.proc = subprocess.Popen(["ip", "netns", "exec", pod.netns, sys.executable, "-c", SERVER,
                                       str(self.PORT)], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
         assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == b"ready"
 
     def close(self) -> None:
@@ -193,16 +223,20 @@ def tcp(src: Pod, ip: str, timeout: float = 3) -> str:
     return out.stdout.strip() or out.stderr.strip()
 
 
+# Counts until it has all `count` datagrams (a positive check ends at once), else until its
+# stdin closes (the sender is done) and `grace` s more for datagrams in flight: the window
+# always covers the whole send, however slowly the sender starts on a busy machine.
 UDP_LISTENER = """
-import socket, sys
+import select, socket, sys, time
 s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.bind(("0.0.0.0", int(sys.argv[1])))
-s.settimeout(float(sys.argv[2])); print("ready", flush=True)
-seen = []
-try:
-    while True:
-        data, peer = s.recvfrom(64); seen.append(peer[0])
-except socket.timeout:
-    pass
+count, grace = int(sys.argv[2]), float(sys.argv[3]); print("ready", flush=True)
+seen, end = [], float("inf")
+while len(seen) < count and time.monotonic() < end:
+    ready = select.select([s, sys.stdin] if end == float("inf") else [s], [], [], 0.05)[0]
+    if sys.stdin in ready and not sys.stdin.read(1):
+        end = time.monotonic() + grace
+    if s in ready:
+        seen.append(s.recvfrom(64)[1][0])
 print(" ".join(seen))
 """
 UDP_SENDER = """
@@ -213,7 +247,7 @@ for _ in range(int(sys.argv[3])):
         s.sendto(b"x", (sys.argv[1], int(sys.argv[2])))
     except OSError:
         pass
-    time.sleep(0.05)
+    time.sleep(0.02)
 """
 
 
@@ -225,11 +259,12 @@ def udp_sources(src: Pod, dst: Pod, count: int = 10, port: int = 7788) -> list[s
     path, which a changed MAC or address would break anyway)."""
     src.run("ip", "neigh", "replace", dst.ip, "lladdr", dst.mac, "dev", src.ifname, "nud", "permanent")
     listener = subprocess.Popen(["ip", "netns", "exec", dst.netns, sys.executable, "-c", UDP_LISTENER, str(port),
-                                 "1.5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                                 str(count), "0.5"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
     try:
         assert listener.stdout is not None and listener.stdout.readline().strip() == "ready"
         src.run(sys.executable, "-c", UDP_SENDER, dst.ip, str(port), str(count))
-        out, _ = listener.communicate(timeout=30)
+        out, _ = listener.communicate(timeout=30)  # closes its stdin: sent
     finally:
         if listener.poll() is None:
             listener.kill()

@@ -19,6 +19,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +33,14 @@ pytestmark = pytest.mark.root
 RED = s.overlay_conf("red", 16, 250, subnet="10.88.60.0/24")
 FAULT_ENV = "TENANTNET_TEST_FAULT"
 INSTALL = 3  # s: ovn.installTimeout in this module's lab
+# s: the installTimeout of the node an ADD runs on while a daemon is killed: such an ADD
+# (northd or the node's controller gone) is meant to run out, and only the fault window's
+# ADDs see it; every ADD that must succeed (setup, the retries after the restart) has INSTALL
+FAULT_INSTALL = 1
+# s: that node's ovn.timeout (NB transaction, reconnection wait) in the same window: an ADD
+# that met the NB killed under it answers 11 after this, not after the 5 s default, and
+# northd's reconnection backoff (doubling while the NB is away) stays short
+FAULT_NB_TIMEOUT = 2
 TRY_AGAIN = 11
 
 
@@ -52,6 +61,14 @@ class World:
         inv = s.add(pod)
         assert inv.code == 0, inv
         return pod
+
+    def live_on(self, *nodes: int) -> list[s.Pod]:
+        """One live pod on each of `nodes` (all different): their ADDs run at once."""
+        assert len(set(nodes)) == len(nodes)
+        pods = [self.pod(node) for node in nodes]
+        for pod, inv in zip(pods, s.concurrently([lambda pod=pod: s.add(pod) for pod in pods]), strict=True):
+            assert inv.code == 0, (pod.name, inv)
+        return pods
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +97,33 @@ def world(lab: ovn.OvnLab) -> Iterator[World]:
     for daemon in [*(s.central_daemon(lab, d) for d in ovn.CENTRAL_DAEMONS), *map(s.controller, lab.nodes)]:
         if ovn._pid(daemon.rundir, daemon.name) is None:
             s.start(daemon)
+    # the nodes' DELs at once, each node's one after another (as its kubelet would)
+    by_node: dict[str, list[s.Pod]] = {}
     for pod in made.pods:
-        s.delete(pod)
+        by_node.setdefault(pod.node.name, []).append(pod)
+    s.concurrently([lambda pods=pods: [s.delete(pod) for pod in pods] for pods in by_node.values()])
     assert _tenantnet_lsps(lab) == []
+
+
+def _set_timeouts(node: ovn.OvnNode, nb: float, install: float) -> None:
+    path = Path(node.node_config)
+    lines = [f"  timeout: {nb}" if line.startswith("  timeout: ") else
+             f"  installTimeout: {install}" if line.startswith("  installTimeout: ") else line
+             for line in path.read_text().splitlines()]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("\n".join(lines) + "\n")
+    tmp.replace(path)  # a plugin starting meanwhile reads the old file or the new one, never half
+
+
+@contextmanager
+def fault_window(node: ovn.OvnNode) -> Iterator[None]:
+    """`node`'s plugin runs with ovn.timeout FAULT_NB_TIMEOUT and installTimeout
+    FAULT_INSTALL (5 and INSTALL again afterwards)."""
+    _set_timeouts(node, FAULT_NB_TIMEOUT, FAULT_INSTALL)
+    try:
+        yield
+    finally:
+        _set_timeouts(node, 5, INSTALL)
 
 
 def _tenantnet_lsps(lab: ovn.OvnLab) -> list[str]:
@@ -113,9 +154,10 @@ def settle(lab: ovn.OvnLab, live: list[s.Pod], gone: list[s.Pod]) -> None:
     left = {pod.name: _gone(lab, pod) for pod in gone}
     assert not any(left.values()), left
     # every live pod reaches every live pod on another node (a restarted controller takes a
-    # moment to bind again: ping keeps trying for a while)
-    unreachable = [(a.name, b.name) for a in live for b in live
-                   if a.node.name != b.node.name and not s.ping(a, b.ip, deadline=15)]
+    # moment to bind again: ping keeps trying for a while); all pairs at once
+    pairs = [(a, b) for a in live for b in live if a.node.name != b.node.name]
+    reached = s.concurrently([lambda a=a, b=b: s.ping(a, b.ip, deadline=15) for a, b in pairs])
+    unreachable = [(a.name, b.name) for (a, b), ok in zip(pairs, reached, strict=True) if not ok]
     assert not unreachable, unreachable
 
 
@@ -125,6 +167,15 @@ def _daemon(lab: ovn.OvnLab, which: str) -> s.Daemon:
     if which == "northd":
         return s.central_daemon(lab, "ovn-northd")
     return s.controller(lab.nodes[1])  # node2's
+
+
+def _restart(lab: ovn.OvnLab, daemon: s.Daemon) -> None:
+    """Start the daemon again and wait until the whole control plane has caught up (northd
+    back on the NB, every chassis's ovn-controller on the SB: `--wait=hv sync`). A runtime
+    retries an ADD until it works; the tests retry once, so they wait for what those retries
+    would: after an NB restart northd's reconnection backoff alone can outlast installTimeout."""
+    s.start(daemon)
+    ovn.nbctl(lab.root, "--timeout=60", "--wait=hv", "sync")
 
 
 def _retry(new: s.Pod, added: s.Invocation, old: s.Pod, deleted: s.Invocation) -> None:
@@ -146,14 +197,16 @@ def test_daemon_down_during_add_and_del(world: World, which: str) -> None:
     northd or node2's ovn-controller the NB takes the writes, but nobody installs the new
     port's flows: the ADD waits ovn.installTimeout, answers 11 and is undone (no logical
     port, OVS port, veth or record), and the DEL, which needs neither, succeeds. After the
-    restart and the runtime's retries: the right logical ports, once, and traffic."""
+    restart and the runtime's retries: the right logical ports, once, and traffic. The ADD
+    and the DEL run at the same time (as a runtime may run them), node2's timeouts shortened
+    for them (fault_window)."""
     lab = world.lab
-    a, old = world.live(0), world.live(1)
-    far = world.live(2)
+    a, old, far = world.live_on(0, 1, 2)
     daemon = _daemon(lab, which)
     s.kill(daemon)
     new = world.pod(1)
-    added, deleted = s.add(new), s.delete(old)
+    with fault_window(new.node):
+        added, deleted = s.concurrently([lambda: s.add(new), lambda: s.delete(old)])
     if which == "nb":
         assert (added.code, deleted.code) == (1, 1), (added, deleted)
         for inv in (added, deleted):
@@ -172,41 +225,54 @@ def test_daemon_down_during_add_and_del(world: World, which: str) -> None:
         assert refusal["code"] == TRY_AGAIN and "did not install" in refusal["msg"], refusal
         assert _gone(lab, new) == []
         assert s.delete(new).code == 0  # the runtime's DEL after a failed ADD: nothing to do
-    s.start(daemon)
+    _restart(lab, daemon)
     _retry(new, added, old, deleted)
     settle(lab, live=[a, new, far], gone=[old])
 
 
+MID = 0.2  # s into the ADD and DEL when the daemon is killed
+
+
 @pytest.mark.parametrize("which", ["nb", "northd", "controller"])
-@pytest.mark.parametrize("after", [0.05, 0.2])
-def test_daemon_killed_mid_add_and_del(world: World, which: str, after: float) -> None:
-    """An ADD and a DEL running on node2 while the daemon is SIGKILLed `after` s into them
+def test_daemon_killed_mid_add_and_del(world: World, which: str) -> None:
+    """An ADD and a DEL running on node2 while the daemon is SIGKILLed MID s into them
     (an exec'd overlay ADD takes ~0.35 s here): each either succeeds or answers 11; after
-    the restart and the runtime's retries, the same end state as without the crash."""
+    the restart and the runtime's retries, the same end state as without the crash.
+
+    One delay only. 0.05 s (run here before) kills the daemon while the plugin's interpreter
+    is still starting, long before it talks to the NB: the case of
+    test_daemon_down_during_add_and_del, which it proved again. 0.2 s lands around the NB
+    write (the port appears ~0.21-0.34 s after the exec here), on either side of it from run
+    to run (with the NB killed the ADD answered 0 in some runs, 11 in others); both sides
+    are also hit exactly, by the crash points ovn.lsp-adding and ovn.lsp-added
+    (test_sigkill_at_an_overlay_point_of_add). node2's timeouts are short (fault_window)
+    while the killed daemon is away."""
+    after = MID
     lab = world.lab
-    a, old = world.live(0), world.live(1)
+    a, old = world.live_on(0, 1)
     new = world.pod(1)
     daemon = _daemon(lab, which)
     procs = {}
-    for command, pod in (("ADD", new), ("DEL", old)):
-        env = s.cni_env(command, pod.node, pod.container_id, pod.netns, pod.ifname)
-        procs[command] = subprocess.Popen(ovn.in_node(pod.node, [s.PLUGIN]), env=env, stdin=subprocess.PIPE,
-                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        assert procs[command].stdin is not None
-        procs[command].stdin.write(json.dumps(RED))
-        procs[command].stdin.close()
-    time.sleep(after)
-    s.kill(daemon)
     done = {}
-    for command, proc in procs.items():
-        proc.wait(timeout=60)
-        assert proc.stdout is not None and proc.stderr is not None
-        stdout, stderr = proc.stdout.read(), proc.stderr.read()
-        done[command] = s.Invocation(proc.returncode, stdout, stderr)
-        if proc.returncode != 0:
-            assert json.loads(stdout)["code"] == TRY_AGAIN, (command, stdout, stderr)
+    with fault_window(new.node):
+        for command, pod in (("ADD", new), ("DEL", old)):
+            env = s.cni_env(command, pod.node, pod.container_id, pod.netns, pod.ifname)
+            procs[command] = subprocess.Popen(ovn.in_node(pod.node, [s.PLUGIN]), env=env, stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            assert procs[command].stdin is not None
+            procs[command].stdin.write(json.dumps(RED))
+            procs[command].stdin.close()
+        time.sleep(after)
+        s.kill(daemon)
+        for command, proc in procs.items():
+            proc.wait(timeout=60)
+            assert proc.stdout is not None and proc.stderr is not None
+            stdout, stderr = proc.stdout.read(), proc.stderr.read()
+            done[command] = s.Invocation(proc.returncode, stdout, stderr)
+            if proc.returncode != 0:
+                assert json.loads(stdout)["code"] == TRY_AGAIN, (command, stdout, stderr)
     print(f"\n{which} killed {after} s in: ADD -> {done['ADD'].code}, DEL -> {done['DEL'].code}")
-    s.start(daemon)
+    _restart(lab, daemon)
     if done["ADD"].code == 0:
         s.take_result(new, done["ADD"])
     _retry(new, done["ADD"], old, done["DEL"])
@@ -238,8 +304,7 @@ def test_sigkill_at_an_overlay_point_of_add(world: World, point: str, then: str)
 def test_sigkill_after_the_logical_port_is_deleted(world: World) -> None:
     """The plugin dies just after a DEL removed the logical port (OVS port, veth and record
     still there); the runtime's DEL again finishes, and the other pods are untouched."""
-    a, b = world.live(0), world.live(2)
-    pod = world.live(1)
+    a, b, pod = world.live_on(0, 2, 1)
     killed = s.delete(pod, extra_env={FAULT_ENV: "ovn.lsp-deleted"})
     assert killed.code == -signal.SIGKILL, killed
     assert s.ports_of(world.lab, pod) == []
@@ -256,7 +321,7 @@ def test_gc_and_del_remove_only_tenantnet_ports_of_their_node(world: World) -> N
     from tenantnet.plugin.drivers import ovnport
 
     lab = world.lab
-    kept, other = world.live(0), world.live(1)
+    kept, other = world.live_on(0, 1)
     leak_cid = s.container_id("leaked")
     leak = ovnport.port_name("node1", leak_cid, "net1")
     ids = ["external_ids:tenantnet-owner=tenantnet", "external_ids:tenantnet-network=red",
