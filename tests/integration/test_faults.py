@@ -91,6 +91,10 @@ TEARDOWN = frozenset({"DEL", "GC"})
 # Steps of the DRA driver (tenantnet/kube/dra.py) are reached by prepare/attach/unprepare, not
 # by a CNI call: `dra_steps()` lists them for tests/integration/test_dra.py's sweep.
 DRA_PREFIX = "dra"
+# Steps of an overlay attachment (tenantnet/plugin/drivers/ovnport.py) are reached only on an
+# overlay network, i.e. with OVN: `overlay_steps()` lists them for
+# tests/integration/test_overlay_faults.py's sweep on the OVN lab.
+OVN_PREFIX = "ovn"
 RECOVERIES = ("DEL", "DEL-no-netns", "netns-gone", "GC", "re-ADD")
 FULL_RECOVERY_MODES = ("ovs", "sriov", "ovs-offload")  # every recovery after every ADD step
 KILLED = -signal.SIGKILL
@@ -216,6 +220,11 @@ def dra_steps() -> list[str]:
     return list(dict.fromkeys(s.name for s in _all_sites()[0] if s.name.partition(".")[0] == DRA_PREFIX))
 
 
+def overlay_steps() -> list[str]:
+    """Every `faults.step("ovn.…")` in the source, in the order of the source."""
+    return list(dict.fromkeys(s.name for s in _all_sites()[0] if s.name.partition(".")[0] == OVN_PREFIX))
+
+
 def enumerate_steps() -> tuple[dict[str, Step], list[str], dict[Path, set[str]]]:
     """Every crash point in the source, with the modes and verbs that reach it; problems."""
     sites, problems = _all_sites()
@@ -225,6 +234,8 @@ def enumerate_steps() -> tuple[dict[str, Step], list[str], dict[Path, set[str]]]
     for site in sites:
         if site.name.partition(".")[0] == DRA_PREFIX:
             continue  # the DRA driver's own steps: tests/integration/test_dra.py kills the agent at each
+        if site.name.partition(".")[0] == OVN_PREFIX:
+            continue  # an overlay's steps: tests/integration/test_overlay_faults.py kills the plugin at each
         step = steps.setdefault(site.name, Step(site.name))
         where = f"{site.path.relative_to(REPO)}:{site.line} ({'.'.join(n for _, n in site.scope)})"
         step.sites.append(where)

@@ -27,6 +27,7 @@ import pytest
 
 from tenantnet.lab import ovn
 from tests.integration import overlaysupport as s
+from tests.integration.test_faults import overlay_steps
 
 pytestmark = pytest.mark.root
 
@@ -279,10 +280,19 @@ def test_daemon_killed_mid_add_and_del(world: World, which: str) -> None:
     settle(lab, live=[a, new], gone=[old])
 
 
-@pytest.mark.parametrize(("point", "then"), [
-    ("ovn.lsp-adding", "ADD"), ("ovn.lsp-adding", "DEL"),
-    ("ovn.lsp-added", "ADD"), ("ovn.lsp-added", "DEL"),
-])
+# The overlay's crash points, from the code (test_faults.py finds every faults.step and leaves
+# the `ovn.` ones to this module): the DEL's one is killed below, every other one on an ADD.
+OVERLAY_STEPS = overlay_steps()
+DEL_POINT = "ovn.lsp-deleted"
+ADD_POINTS = [step for step in OVERLAY_STEPS if step != DEL_POINT]
+
+
+def test_every_overlay_step_is_exercised() -> None:
+    assert DEL_POINT in OVERLAY_STEPS and len(ADD_POINTS) >= 3, OVERLAY_STEPS
+    assert {"ovn.lsp-adding", "ovn.lsp-added", "ovn.installed"} <= set(ADD_POINTS), ADD_POINTS
+
+
+@pytest.mark.parametrize(("point", "then"), [(p, then) for p in ADD_POINTS for then in ("ADD", "DEL")])
 def test_sigkill_at_an_overlay_point_of_add(world: World, point: str, then: str) -> None:
     """The plugin dies at the crash point of an ADD on node2; the runtime then ADDs again
     (the pod is kept) or DELetes it: exactly its one logical port, or none."""
@@ -290,7 +300,7 @@ def test_sigkill_at_an_overlay_point_of_add(world: World, point: str, then: str)
     pod = world.pod(1)
     killed = s.add(pod, extra_env={FAULT_ENV: point})
     assert killed.code == -signal.SIGKILL and killed.stdout == "", killed
-    if point == "ovn.lsp-added":  # the crash came after the NB write: the port is there
+    if point != "ovn.lsp-adding":  # the crash came after the NB write: the port is there
         assert len(s.ports_of(world.lab, pod)) == 1
     if then == "ADD":
         again = s.add(pod)
@@ -305,7 +315,7 @@ def test_sigkill_after_the_logical_port_is_deleted(world: World) -> None:
     """The plugin dies just after a DEL removed the logical port (OVS port, veth and record
     still there); the runtime's DEL again finishes, and the other pods are untouched."""
     a, b, pod = world.live_on(0, 2, 1)
-    killed = s.delete(pod, extra_env={FAULT_ENV: "ovn.lsp-deleted"})
+    killed = s.delete(pod, extra_env={FAULT_ENV: DEL_POINT})
     assert killed.code == -signal.SIGKILL, killed
     assert s.ports_of(world.lab, pod) == []
     assert s.records(pod.node), "the record went before the DEL finished"

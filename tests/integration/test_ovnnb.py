@@ -164,6 +164,12 @@ def test_switch_tunnel_key_and_ownership(server: nbserver.NbServer, agent: ovnnb
     assert server.nbctl("--bare", "--columns=_uuid", "find", "Logical_Switch", "name=tn-green").count("\n") == 1
     with pytest.raises(ovnnb.SwitchNotFound):
         agent.add_port("tn-green", "g-1", "0a:58:01:00:02:01", ["10.1.2.1"], _ids("g1"))
+    # ... and so is a switch that does not exist; neither leaves the port row behind (an
+    # unlinked Logical_Switch_Port is not kept at commit).
+    with pytest.raises(ovnnb.SwitchNotFound):
+        agent.add_port("tn-nowhere", "g-2", "0a:58:01:00:02:02", ["10.1.2.2"], _ids("g2"))
+    for name in ("g-1", "g-2"):
+        assert server.nbctl("--bare", "--columns=_uuid", "find", "Logical_Switch_Port", f"name={name}") == ""
 
 
 def test_two_endpoints_in_one_process_have_two_connections(server: nbserver.NbServer) -> None:
