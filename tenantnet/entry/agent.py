@@ -240,8 +240,8 @@ class Agent:
         from tenantnet.kube.kubeletplugin import KubeletPlugin, KubeletPluginError
         from tenantnet.kube.nri import NriPlugin
         from tenantnet.kube.slices import LightkubeSliceApi, SlicePublisher, node_devices
-        from tenantnet.kube.watch import node_name_of
         from tenantnet.plugin.draclaims import DRIVER
+        from tenantnet.plugin.nodeconfig import node_name_of
 
         name = node_name_of(node)
         try:

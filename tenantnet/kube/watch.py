@@ -21,26 +21,19 @@ from __future__ import annotations
 import json
 import os
 import random
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from tenantnet.plugin import kubecache
-from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.nodeconfig import NodeConfig, node_name_of
 from tenantnet.plugin.system import sysfs
 from tenantnet.plugin.tnrender import MAX_PUBLISHED_PFS, PFS_ANNOTATION
 
 BACKOFF_FIRST = 0.5
 BACKOFF_MAX = 30.0
 KINDS = ("tenantnetworks", "namespaces", "node")
-NODE_NAME_ENV = "TENANTNET_NODE_NAME"  # packaging/daemonset.yaml: the pod's spec.nodeName
-
-
-def node_name_of(node: NodeConfig) -> str:
-    """This node's name in the cluster: the node config's, else the DaemonSet's env, else the host's."""
-    return node.node_name or os.environ.get(NODE_NAME_ENV, "") or socket.gethostname()
 
 
 class Source:

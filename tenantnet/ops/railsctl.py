@@ -296,8 +296,8 @@ def _http_errors() -> tuple[type[Exception], ...]:
 
 def claims_view(node: Any) -> list[dict[str, Any]]:
     """`rails --claims` as data: dra_pairs over what the API and this node's records hold."""
-    from tenantnet.kube.watch import node_name_of
     from tenantnet.plugin.draclaims import ClaimStore
+    from tenantnet.plugin.nodeconfig import node_name_of
 
     name = node_name_of(node)
     claims, slices = read_dra(node, name)

@@ -270,6 +270,17 @@ _BRIDGE = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,62}"  # as a network config's `bridge` (
 PREWARM_GRANTS = ("ofport_request", "mac")
 
 
+NODE_NAME_ENV = "TENANTNET_NODE_NAME"  # packaging/daemonset.yaml: the pod's spec.nodeName
+
+
+def node_name_of(node: NodeConfig) -> str:
+    """This node's name in the cluster: the node config's, else the DaemonSet's env, else the
+    host's (the agent's Node, an overlay's logical ports, `rails --claims`)."""
+    import socket
+
+    return node.node_name or os.environ.get(NODE_NAME_ENV, "") or socket.gethostname()
+
+
 def _cluster_pools(given: list[object]) -> tuple[str, ...] | None:
     """`clusterPools` as normalised CIDRs, or None when one is not a CIDR within the bounds."""
     from ipam.config import WIDEST_CLUSTER_PREFIX

@@ -18,30 +18,26 @@ conditional monitoring.
 
 from __future__ import annotations
 
-import os
-import socket
 import threading
 import time
 from dataclasses import dataclass
 
 from cni.errors import CniError, Code
 from tenantnet.plugin import digest, faults
-from tenantnet.plugin.nodeconfig import NodeConfig
+from tenantnet.plugin.nodeconfig import NodeConfig, node_name_of
 from tenantnet.plugin.records import AttachmentRecord
 from tenantnet.plugin.system.ovsdb import OWNER_CONTAINER, OWNER_IFNAME, Ovsdb
 from tenantnet.plugin.tenantnetworks import NETWORK_FIELD as TENANT_NETWORK_FIELD
 
 STEP_LSP = "lsp"
-NODE_NAME_ENV = "TENANTNET_NODE_NAME"  # as the agent's (tenantnet/kube/watch.py)
 SWITCH_SEEN_FOR = 30.0  # s a switch this process ensured is taken as still there
 _switches_seen: dict[tuple[str, str], float] = {}
 _seen_lock = threading.Lock()
 
 
 def node_name(node: NodeConfig) -> str:
-    """The chassis-independent name logical ports carry: the node config's, else the
-    DaemonSet's env, else the host's (the rule the agent's Kubernetes side uses)."""
-    return node.node_name or os.environ.get(NODE_NAME_ENV, "") or socket.gethostname()
+    """The node name logical ports carry (not a chassis's: a node may have one per rail)."""
+    return node_name_of(node)
 
 
 def port_name(node: str, container_id: str, ifname: str) -> str:
