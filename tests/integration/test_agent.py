@@ -285,7 +285,10 @@ def test_adds_beyond_adds_at_once_wait_without_holding_a_worker_a_del_needs(lab,
                      CNI_PATH=f"{cni_dir}:{BIN}:{GO_PLUGINS}") for _ in range(2)]
     with ThreadPoolExecutor(2) as pool:
         adds = [pool.submit(call, env, conf) for env in envs]
-        seen = wait_until(lambda: (r := agent.status())["inflight"] >= 2 and r, 10, "both ADDs in the agent")
+        # Both admitted, and the first one in its worker (admission counts a call before a
+        # worker takes it: waiting for inflight alone could look before that, seen once in CI).
+        seen = wait_until(lambda: (r := agent.status())["inflight"] >= 2 and r["busyWorkers"] >= 1 and r, 10,
+                          "both ADDs in the agent, one in a worker")
         assert seen["busyWorkers"] == 1, seen  # the second ADD waits for its slot, not in a worker
         # A DEL meanwhile gets the free worker (nothing recorded: it only looks). No clock: it
         # is answered while the ADD in the other worker is held at the gate, so it did not
