@@ -39,7 +39,7 @@ from tenantnet.plugin.system.ovnnb import (
     NbFailure,
     NbUnavailable,
 )
-from tenantnet.plugin.system.ovsdb import OWNER, OWNER_KEY, Ovsdb, OvsdbFailure, OvsdbUnavailable
+from tenantnet.plugin.system.ovsdb import OWNER, OWNER_KEY, Ovsdb, OvsdbFailure, OvsdbUnavailable, WaitFailed
 from tenantnet.plugin.tnrender import overlay_switch
 
 OWNER_SWITCH = "tenantnet-switch"
@@ -96,10 +96,6 @@ def _omap(ids: dict[str, str]) -> list[Any]:
     return ["map", sorted([k, v] for k, v in ids.items())]
 
 
-class _Refused(Exception):
-    """A conditional operation's `wait` failed: the rows changed since they were read."""
-
-
 class SwitchKeeper:
     """The logical switches of the overlay TenantNetworks in one NB."""
 
@@ -117,20 +113,12 @@ class SwitchKeeper:
         if self._db is None:
             self._db = Ovsdb(self.endpoint, self.timeout, timeout_source="the renderer's --ovn-timeout")
         try:
-            result = self._db._rpc_call(what, "transact", [DB, *ops])
+            result = self._db._rpc_ops(what, ops, database=DB)
         except OvsdbUnavailable as exc:
             self.close()
             raise NbUnavailable(str(exc)) from None
         except OvsdbFailure as exc:
             raise NbFailure(str(exc)) from None
-        if not isinstance(result, list) or len(result) < len(ops):
-            raise NbFailure(f"{what}: the NB answered {result!r:.200}")
-        for index, one in enumerate(result):
-            if isinstance(one, dict) and one.get("error"):
-                if index < len(ops) and ops[index]["op"] == "wait" and one["error"] == "timed out":
-                    raise _Refused(index)
-                detail = f" ({one['details']})" if one.get("details") else ""
-                raise NbFailure(f"{what}: {one['error']}{detail}")
         return [r if isinstance(r, dict) else {} for r in result]
 
     def switches(self, names: list[str] | None = None
@@ -206,7 +194,7 @@ class SwitchKeeper:
                          "row": {"external_ids": _omap({**have_ids, **ids}),
                                  "other_config": _omap({**other, TNL_KEY: str(segment)})}}])
                     out.updated.append(switch)
-        except _Refused:
+        except WaitFailed:  # the switch changed since it was read
             return SwitchStatus(switch, FAILED, f"logical switch {switch} changed while being written; "
                                 "the next round tries again", segment)
         except NbFailure as exc:
@@ -223,7 +211,7 @@ class SwitchKeeper:
                 {"op": "delete", "table": _LS, "where": [["_uuid", "==", uuid]]}])
             out.deleted.append(switch)
             return
-        except _Refused:
+        except WaitFailed:  # a port was linked, or the switch changed, since it was read: kept
             pass
         except NbFailure as exc:
             _also(out, ids[RENDERED_BY], SwitchStatus(switch, FAILED, str(exc)))

@@ -58,6 +58,7 @@ from tenantnet.plugin.system.ovsdb import (
     Ovsdb,
     OvsdbFailure,
     OvsdbUnavailable,
+    WaitFailed,
 )
 
 DB = "OVN_Northbound"
@@ -400,25 +401,23 @@ class OvnNb:
         each with half of the network's ports. Losing that race is fine: the winner's switch
         is the one (checked to be ours)."""
         what = f"creating logical switch {name}"
-        ops = [{"op": "wait", "table": _LS, "where": [["name", "==", name]], "columns": ["name"],
-                "until": "==", "rows": [], "timeout": 0},
-               {"op": "insert", "table": _LS, "row": {
-                   "name": name, "external_ids": ["map", sorted(ids.items())],
-                   "other_config": ["map", sorted(other.items())]}}]
+        ops: list[dict[str, Any]] = [
+            {"op": "wait", "table": _LS, "where": [["name", "==", name]], "columns": ["name"],
+             "until": "==", "rows": [], "timeout": 0},
+            {"op": "insert", "table": _LS, "row": {
+                "name": name, "external_ids": ["map", sorted(ids.items())],
+                "other_config": ["map", sorted(other.items())]}}]
         db = Ovsdb(self.endpoint, self.timeout)
         try:
-            result = db._rpc_call(what, "transact", [DB, *ops])
+            db._rpc_ops(what, ops, database=DB)
+        except WaitFailed:  # made meanwhile: ours, or not?
+            self._refuse_foreign_switch(name)
         except OvsdbUnavailable as exc:
             raise NbUnavailable(str(exc)) from None
+        except OvsdbFailure as exc:
+            raise NbFailure(str(exc)) from None
         finally:
             db.close()
-        replies = result if isinstance(result, list) else []
-        errors = [r for r in replies if isinstance(r, dict) and r.get("error")]
-        if errors and errors[0].get("error") == "timed out":  # made meanwhile: ours, or not?
-            self._refuse_foreign_switch(name)
-            return
-        if errors:
-            raise NbFailure(f"{what}: {errors[0].get('error')}: {errors[0].get('details', '')}")
 
     def _refuse_foreign_switch(self, name: str) -> None:
         """Switch names are not unique in the NB schema: look (once, outside the replica)

@@ -201,8 +201,9 @@ def _renamed(value: Any, suffix: str) -> Any:
     return value
 
 
-class _Retry(Exception):
-    """A guarding `wait` found the rows changed since they were read: read again."""
+class WaitFailed(Exception):
+    """A guarding `wait` found the rows changed since they were read (read again, or the
+    condition the `wait` stated does not hold); `args[0]`: the operation's index."""
 
 
 @dataclass
@@ -346,17 +347,18 @@ class Ovsdb:
                 raise OvsdbUnavailable(f"OVSDB at {self.endpoint} closed the connection without answering")
             self._buf = data + chunk
 
-    def _rpc_ops(self, what: str, ops: list[dict[str, Any]]) -> list[Any]:
-        """`ops` as one transaction: its per-operation results. A failed operation raises
-        OvsdbFailure, except a failed `wait` (the rows changed since they were read): _Retry,
-        carrying the index of that operation."""
-        result = self._rpc_call(what, "transact", [DB, *ops])
+    def _rpc_ops(self, what: str, ops: list[dict[str, Any]], database: str = DB) -> list[Any]:
+        """`ops` as one transaction on `database` (this server's Open_vSwitch unless named:
+        OVN's northbound for its switches): its per-operation results. A failed operation
+        raises OvsdbFailure, except a failed `wait` (the rows changed since they were read):
+        WaitFailed, carrying the index of that operation."""
+        result = self._rpc_call(what, "transact", [database, *ops])
         if not isinstance(result, list):
             raise OvsdbUnavailable(f"{self.endpoint} answered, but not as an OVSDB server")
         for index, one in enumerate(result):
             if isinstance(one, dict) and one.get("error"):
                 if index < len(ops) and ops[index]["op"] == "wait" and one["error"] == "timed out":
-                    raise _Retry(index)
+                    raise WaitFailed(index)
                 detail = f" ({one['details']})" if one.get("details") else ""
                 raise OvsdbFailure(f"{what}: {one['error']}{detail}")
         if len(result) < len(ops):
@@ -460,7 +462,7 @@ class Ovsdb:
             self._rpc_commit(what, [_wait("Port", _where_name(name), ["name"], "!=", []),
                                     {"op": "update", "table": "Port", "where": _where_name(name),
                                      "row": {"tag": tag if tag else _oset([])}}])
-        except _Retry:
+        except WaitFailed:
             raise OvsdbFailure(f"{what}: no such port") from None
 
     # ---- group commit ---------------------------------------------------------------------
@@ -479,7 +481,7 @@ class Ovsdb:
                 ops += _renamed(pending.request.ops, f"_{i}")
             try:
                 results = self._rpc_ops(f"{len(batch)} port changes", ops)
-            except (_Retry, OvsdbFailure, OvsdbUnavailable):
+            except (WaitFailed, OvsdbFailure, OvsdbUnavailable):
                 pass  # retried one by one below, each with its own error
             else:
                 for pending in batch:
@@ -577,7 +579,7 @@ class Ovsdb:
                                [["ports", "insert", _oset([["named-uuid", "tn_port"]])]])]
             try:
                 results = self._rpc_commit(what, ops + self._cfg_ops(self.wait_vswitchd))
-            except _Retry as retry:
+            except WaitFailed as retry:
                 if retry.args[0] == 0:
                     raise BridgeNotFound(missing) from None
                 if ports and retry.args[0] == 2:
@@ -619,7 +621,7 @@ class Ovsdb:
                    {"op": "delete", "table": "Port", "where": _where_uuid(uuid)}]
             try:
                 results = self._rpc_commit(what, ops + self._cfg_ops(wait))
-            except _Retry:
+            except WaitFailed:
                 continue  # changed (or gone) since it was read: decide again
             self._applied(what, results, wait)
             return True
