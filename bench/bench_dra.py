@@ -38,7 +38,6 @@ import json
 import os
 import platform
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -55,7 +54,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_kube import Watch, key, load, log, poll  # noqa: E402
-from bench.common import cpu_seconds, write_block  # noqa: E402
+from bench.common import cpu_seconds, stop_procs, write_block  # noqa: E402
 from tenantnet.lab import kube, kubeimages  # noqa: E402
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
@@ -279,15 +278,7 @@ class Bench:
                              + (self.work / "renderer.out").read_text()[-2000:])
 
     def stop(self) -> None:
-        for proc in self.procs:  # ours, by pid
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_procs(self.procs, 30)
 
     # ------------------------------------------------------------------ one pod
 

@@ -39,7 +39,6 @@ import contextlib
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -55,7 +54,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import PLUGIN, interleaved, runtime_env, start_agent, stop_agent, summary, write_block  # noqa: E402
+from bench.common import (  # noqa: E402
+    PLUGIN,
+    interleaved,
+    runtime_env,
+    start_agent,
+    stop_agent,
+    stop_procs,
+    summary,
+    write_block,
+)
 from tenantnet.lab import kube, kubeimages  # noqa: E402
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
@@ -225,15 +233,7 @@ class Bench:
                              + (self.work / "agent-kube.err").read_text()[-2000:])
 
     def stop(self) -> None:
-        for proc in self.procs:  # ours, by pid
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in self.procs:
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_procs(self.procs, 20)
         for agent in self.agents:
             stop_agent(agent)
 

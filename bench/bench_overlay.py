@@ -157,15 +157,21 @@ class Agent:
 
 def start_agent(node: ovn.OvnNode, node_config: str, work: Path, name: str) -> Agent:
     """`tenantnetctl agent run` inside `node`'s namespace with `node_config`, once it answers."""
+    cmd = ovn.in_node(node, [CTL, "agent", "run"])
+    cmd = [*cmd[:-3], f"TENANTNET_CONFIG={node_config}", *cmd[-3:]]
+    return _spawn_agent(cmd, node_config, work / f"agent-{name}.log", f"agent {name}")
+
+
+def _spawn_agent(cmd: list[str], node_config: str, log_path: Path, what: str,
+                 env: dict[str, str] | None = None) -> Agent:
+    """Start the agent `cmd` runs (its stderr to `log_path`) and return it once it answers on
+    the node config's socket; SystemExit naming `what` if it does not within 30 s."""
     from tenantnet.entry import shim
     from tenantnet.plugin import nodepath
 
-    log_path = work / f"agent-{name}.log"
-    cmd = ovn.in_node(node, [CTL, "agent", "run"])
-    cmd = [*cmd[:-3], f"TENANTNET_CONFIG={node_config}", *cmd[-3:]]
     with open(log_path, "wb") as err:
         # `ip netns exec` and `env` exec: the child's pid is the agent's
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
     agent = Agent(proc, nodepath.agent_socket_of(node_config)[0], log=log_path)
     deadline = time.monotonic() + 30
     while True:
@@ -175,7 +181,7 @@ def start_agent(node: ovn.OvnNode, node_config: str, work: Path, name: str) -> A
         except (shim.AgentUnavailable, shim.AgentFailed):
             if proc.poll() is not None or time.monotonic() > deadline:
                 agent.stop()
-                raise SystemExit(f"agent {name} did not start: {log_path.read_text()}") from None
+                raise SystemExit(f"{what} did not start: {log_path.read_text()}") from None
             time.sleep(0.05)
 
 
@@ -343,27 +349,11 @@ ctl.main()
 
 
 def start_profiled_agent(node: ovn.OvnNode, work: Path, steps: Path) -> Agent:
-    from tenantnet.entry import shim
-    from tenantnet.plugin import nodepath
-
-    log_path = work / "agent-profiled.log"
     path = [p for p in (os.environ.get("PYTHONPATH"), str(ROOT)) if p]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
     cmd = ["ip", "netns", "exec", node.netns, "env", f"TENANTNET_CONFIG={node.node_config}",
            sys.executable, "-c", PROFILE, str(steps)]
-    with open(log_path, "wb") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err, env=env)
-    agent = Agent(proc, nodepath.agent_socket_of(node.node_config)[0], log=log_path)
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            agent.pid = int(agent.status()["pid"])
-            return agent
-        except (shim.AgentUnavailable, shim.AgentFailed):
-            if proc.poll() is not None or time.monotonic() > deadline:
-                agent.stop()
-                raise SystemExit(f"the profiled agent did not start: {log_path.read_text()}") from None
-            time.sleep(0.05)
+    return _spawn_agent(cmd, node.node_config, work / "agent-profiled.log", "the profiled agent", env)
 
 
 # The same 1 ms sleeper as a process of its own in node1's namespace: it wakes late only

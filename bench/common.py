@@ -194,6 +194,22 @@ def stop_agent(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=30)
 
 
+def stop_procs(procs: list[subprocess.Popen[Any]], timeout: float) -> None:
+    """SIGTERM to each of ours (by pid) still running, then each given `timeout` s to end
+    before it is killed: they all stop in parallel."""
+    import signal
+
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in procs:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def allow_data_dir(node_text: str, work: Path) -> str:
     """A lab node config that also lets the bench's IPAM dataDirs live under `work`."""
     lines = [f"{line[:-1]}, {work}]" if line.startswith("ipamDataDirs: [") else line
