@@ -35,6 +35,7 @@ from typing import Any
 import pytest
 
 from tenantnet.lab import ovn
+from tests.integration.overlaysupport import Invocation
 
 pytestmark = pytest.mark.root
 
@@ -122,28 +123,17 @@ def overlay_conf(mode: str, **extra: Any) -> dict[str, Any]:
     return conf
 
 
-@dataclass
-class Call:
-    code: int
-    stdout: str
-    stderr: str
-
-    @property
-    def result(self) -> dict[str, Any]:
-        return json.loads(self.stdout) if self.stdout.strip() else {}
-
-
 def in_node(node: ovn.OvnNode, config: str, cmd: list[str], stdin: str = "",
-            env: dict[str, str] | None = None) -> Call:
+            env: dict[str, str] | None = None) -> Invocation:
     full = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "TENANTNET_CONFIG": config, **(env or {})}
     if os.environ.get("PYTHONPATH"):  # a tree under test other than the installed one
         full["PYTHONPATH"] = os.environ["PYTHONPATH"]
     proc = subprocess.run(["ip", "netns", "exec", node.netns, "env", *(f"{k}={v}" for k, v in full.items()),
                            *cmd], input=stdin, capture_output=True, text=True, timeout=90, check=False)
-    return Call(proc.returncode, proc.stdout, proc.stderr)
+    return Invocation(proc.returncode, proc.stdout, proc.stderr)
 
 
-def cni(command: str, node: ovn.OvnNode, config: str, conf: dict[str, Any], cid: str, netns: str) -> Call:
+def cni(command: str, node: ovn.OvnNode, config: str, conf: dict[str, Any], cid: str, netns: str) -> Invocation:
     env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": f"/run/netns/{netns}",
            "CNI_IFNAME": "net1", "CNI_PATH": str(BIN),
            "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=tenant;K8S_POD_NAME=p{cid[:6]}"}
