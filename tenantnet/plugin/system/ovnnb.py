@@ -387,6 +387,7 @@ class OvnNb:
         if row is None:
             self._refuse_foreign_switch(name)
             self._create_switch(name, ids, other)
+            self._replicated_switch(name)
         elif not create_only:
             cmds = [api.db_set(_LS, row.uuid, ("external_ids", ids))]
             if other:
@@ -418,6 +419,24 @@ class OvnNb:
             raise NbFailure(str(exc)) from None
         finally:
             db.close()
+
+    def _replicated_switch(self, name: str) -> None:
+        """Until this handle's replica holds the switch `name` (made by the plain transaction
+        above, or by another agent meanwhile): its update comes on ovsdbapp's own monitor, a
+        moment after the write's reply, and a port is linked to the switch the replica holds
+        (SwitchNotFound otherwise: seen with agents racing to make one switch)."""
+        from ovsdbapp.backend.ovs_idl import idlutils
+
+        api = self.api()
+        deadline = time.monotonic() + self.timeout
+        while True:
+            with api.ovsdb_connection.lock:
+                if idlutils.row_by_value(api.idl, _LS, "name", name, None) is not None:
+                    return
+            if time.monotonic() >= deadline:
+                raise NbUnavailable(f"logical switch {name} was made, but this node's replica of the NB did "
+                                    f"not show it within {self.timeout:g}s")
+            time.sleep(0.001)
 
     def _refuse_foreign_switch(self, name: str) -> None:
         """Switch names are not unique in the NB schema: look (once, outside the replica)
