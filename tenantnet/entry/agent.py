@@ -366,7 +366,9 @@ class Agent:
         while self.stats.inflight and time.monotonic() < deadline:
             time.sleep(0.02)
         self._pool.shutdown(wait=True)
-        self._conns.shutdown(wait=False)
+        # A request leaves the count just before its answer is sent (_serve): with none left,
+        # wait for those answers (each send bounded by READ_TIMEOUT); past the deadline, don't.
+        self._conns.shutdown(wait=not self.stats.inflight)
         if self._heartbeat is not None:
             self._heartbeat.stop()  # deregistered: the node is no longer serving
         if self._keeper is not None:
@@ -438,77 +440,82 @@ class Agent:
 
     # ---- one request ----------------------------------------------------------------------
     def _serve(self, conn: socket.socket) -> None:
-        arrived = time.monotonic()
+        answer: tuple[int, bytes, bytes] | None = None
         try:
-            try:
-                conn.settimeout(READ_TIMEOUT)
-                frame = shim.recv_frame(conn, MAX_REQUEST_FRAME)
-                plugin, environ, stdin, deadline = shim.decode_request(frame)
-            except Exception as exc:
-                with self._lock:
-                    self.stats.protocol_errors += 1
-                self.log.warning("request.unreadable", error=f"{type(exc).__name__}: {exc}")
-                conn.close()
-                return
-            if plugin == STATUS_OP:
-                self._reply(conn, 0, json.dumps(self.status()).encode() + b"\n")
-                return
-            if plugin not in PLUGINS:
-                self._reply(conn, 1, shim.error_json(stdin, 100,
-                                                     f"tenantnet agent: unknown plugin {plugin!r}"))
-                return
-            if environ.get(b"CNI_COMMAND") == b"VERSION":
-                # Needs no worker: answered even when every worker is busy.
-                from cni import skel
-
-                code, text = skel.run(lambda *_: None, {"CNI_COMMAND": "VERSION"}, b"")
-                with self._lock:
-                    self.stats.served += 1
-                self._reply(conn, code, text.encode() + b"\n")
-                return
-            cid, ifname = environ.get(b"CNI_CONTAINERID", b""), environ.get(b"CNI_IFNAME", b"")
-            # The shim's deadline, on the host-wide monotonic clock; bounded in case of garbage.
-            deadline = min(deadline, arrived + 3600)
-            release = self._serialise((plugin.encode(), cid, ifname) if cid and ifname else None, deadline)
-            if release is None:
-                self._reply(conn, 1, shim.error_json(
-                    stdin, shim.TRY_AGAIN_LATER,
-                    "tenantnet agent: an earlier request for this attachment is still running; "
-                    "try again later"))
-                return
-            adding = plugin == "tenantnet" and environ.get(b"CNI_COMMAND") == b"ADD"
-            if adding and not self._add_slots.acquire(timeout=max(deadline - time.monotonic(), 0)):
-                release()
-                with self._lock:
-                    self.stats.expired += 1
-                self._reply(conn, 1, shim.error_json(
-                    stdin, shim.TRY_AGAIN_LATER,
-                    f"tenantnet agent: {self.adds_at_once} ADDs were running until this request's "
-                    "deadline; try again later"))
-                return
-            done = (lambda _: (release(), self._add_slots.release())) if adding else (lambda _: release())
-            try:
-                work = self._pool.submit(self._execute, plugin, environ, stdin, arrived, deadline)
-            except BaseException:
-                done(None)
-                raise
-            # The key (and an ADD's slot) stays taken until the work itself ends, even if its
-            # caller is answered first (deadline): a retry must never run beside the attempt
-            # still in a worker.
-            work.add_done_callback(done)
-            try:
-                code, out, err = work.result(timeout=max(deadline - time.monotonic(), 0.001))
-            except futures.TimeoutError:
-                with self._lock:
-                    self.stats.expired += 1
-                code, out, err = 1, shim.error_json(stdin, shim.TRY_AGAIN_LATER,
-                                                    "tenantnet agent: the request did not finish before "
-                                                    "its deadline; try again later"), b""
-            self._reply(conn, code, out, err)
+            answer = self._answer(conn, time.monotonic())
         finally:
+            # The slot is given back before the answer is sent: a caller that has its answer
+            # may call again at once (the runtime's next CNI call, a retry) and must not be
+            # refused as busy by its own finished request still counted in flight.
             with self._lock:
                 self.stats.inflight -= 1
                 self._last_call = time.monotonic()
+            if answer is None:
+                conn.close()
+            else:
+                self._reply(conn, *answer)
+
+    def _answer(self, conn: socket.socket, arrived: float) -> tuple[int, bytes, bytes] | None:
+        """Read one request and run it: (exit code, stdout, stderr) to answer, or None when
+        it was unreadable (the connection is then closed unanswered)."""
+        try:
+            conn.settimeout(READ_TIMEOUT)
+            frame = shim.recv_frame(conn, MAX_REQUEST_FRAME)
+            plugin, environ, stdin, deadline = shim.decode_request(frame)
+        except Exception as exc:
+            with self._lock:
+                self.stats.protocol_errors += 1
+            self.log.warning("request.unreadable", error=f"{type(exc).__name__}: {exc}")
+            return None
+        if plugin == STATUS_OP:
+            return 0, json.dumps(self.status()).encode() + b"\n", b""
+        if plugin not in PLUGINS:
+            return 1, shim.error_json(stdin, 100, f"tenantnet agent: unknown plugin {plugin!r}"), b""
+        if environ.get(b"CNI_COMMAND") == b"VERSION":
+            # Needs no worker: answered even when every worker is busy.
+            from cni import skel
+
+            code, text = skel.run(lambda *_: None, {"CNI_COMMAND": "VERSION"}, b"")
+            with self._lock:
+                self.stats.served += 1
+            return code, text.encode() + b"\n", b""
+        cid, ifname = environ.get(b"CNI_CONTAINERID", b""), environ.get(b"CNI_IFNAME", b"")
+        # The shim's deadline, on the host-wide monotonic clock; bounded in case of garbage.
+        deadline = min(deadline, arrived + 3600)
+        release = self._serialise((plugin.encode(), cid, ifname) if cid and ifname else None, deadline)
+        if release is None:
+            return 1, shim.error_json(
+                stdin, shim.TRY_AGAIN_LATER,
+                "tenantnet agent: an earlier request for this attachment is still running; "
+                "try again later"), b""
+        adding = plugin == "tenantnet" and environ.get(b"CNI_COMMAND") == b"ADD"
+        if adding and not self._add_slots.acquire(timeout=max(deadline - time.monotonic(), 0)):
+            release()
+            with self._lock:
+                self.stats.expired += 1
+            return 1, shim.error_json(
+                stdin, shim.TRY_AGAIN_LATER,
+                f"tenantnet agent: {self.adds_at_once} ADDs were running until this request's "
+                "deadline; try again later"), b""
+        done = (lambda _: (release(), self._add_slots.release())) if adding else (lambda _: release())
+        try:
+            work = self._pool.submit(self._execute, plugin, environ, stdin, arrived, deadline)
+        except BaseException:
+            done(None)
+            raise
+        # The key (and an ADD's slot) stays taken until the work itself ends, even if its
+        # caller is answered first (deadline): a retry must never run beside the attempt
+        # still in a worker.
+        work.add_done_callback(done)
+        try:
+            code, out, err = work.result(timeout=max(deadline - time.monotonic(), 0.001))
+        except futures.TimeoutError:
+            with self._lock:
+                self.stats.expired += 1
+            code, out, err = 1, shim.error_json(stdin, shim.TRY_AGAIN_LATER,
+                                                "tenantnet agent: the request did not finish before "
+                                                "its deadline; try again later"), b""
+        return code, out, err
 
     def _serialise(self, key: tuple[bytes, ...] | None, deadline: float) -> Any:
         """Take the turn of one (plugin, container id, ifname): a function that gives it
