@@ -149,30 +149,35 @@ def test_every_pair_of_tenants_is_isolated_across_nodes(tenants: Tenants) -> Non
 def test_port_security_drops_a_spoofing_pod(tenants: Tenants, spoof: str) -> None:
     """The third red pod (node3) sends as another MAC, or another address: its datagrams reach
     neither red pod (node1, node2), while red0 (correct) still reaches red1 at the same time;
-    back to its own MAC and address, it reaches them again."""
+    back to its own MAC and address, it reaches them again. As a live pod's address it takes
+    red1's to send to red0, then red0's to send to red1 (sending to the address it holds
+    would never leave it)."""
     red0, red1 = tenants.pods["red"]
     pod = tenants.spoofer
     assert s.udp_sources(pod, red1) == [pod.ip] * 10, "the pod is not reachable even before spoofing"
-    if spoof == "mac":
-        changed = ("link", "set", "dev", pod.ifname, "address", "0a:00:00:00:5b:01")
-        restore = ("link", "set", "dev", pod.ifname, "address", pod.mac)
-        source = pod.ip
-    else:
-        source = "10.88.50.9" if spoof == "free-ip" else red0.ip
-        changed = ("addr", "replace", f"{source}/24", "dev", pod.ifname)
-        restore = ("addr", "del", f"{source}/24", "dev", pod.ifname)
-        # the spoofed address as the only one: the kernel sends from it
-        pod.run("ip", "addr", "del", f"{pod.ip}/24", "dev", pod.ifname)
-    assert pod.run("ip", *changed).returncode == 0
-    try:
-        to_red0, to_red1, control = s.concurrently([lambda: s.udp_sources(pod, red0, port=7788),
-                                                    lambda: s.udp_sources(pod, red1, port=7788),
-                                                    lambda: s.udp_sources(red0, red1, port=7789)])
-        assert (to_red0, to_red1) == ([], []), f"{spoof}: reached red0/red1 as {source}: {to_red0} {to_red1}"
-        assert control == [red0.ip] * 10
-    finally:
-        pod.run("ip", *restore)
-        if spoof != "mac":
-            pod.run("ip", "addr", "add", f"{pod.ip}/24", "dev", pod.ifname)
+    # (the source it sends as, the pods it sends to)
+    rounds = {"mac": [(pod.ip, [red0, red1])], "free-ip": [("10.88.50.9", [red0, red1])],
+              "peer-ip": [(red1.ip, [red0]), (red0.ip, [red1])]}[spoof]
+    for source, targets in rounds:
+        if spoof == "mac":
+            changed = ("link", "set", "dev", pod.ifname, "address", "0a:00:00:00:5b:01")
+            restore = ("link", "set", "dev", pod.ifname, "address", pod.mac)
+        else:
+            changed = ("addr", "replace", f"{source}/24", "dev", pod.ifname)
+            restore = ("addr", "del", f"{source}/24", "dev", pod.ifname)
+            # the spoofed address as the only one: the kernel sends from it
+            pod.run("ip", "addr", "del", f"{pod.ip}/24", "dev", pod.ifname)
+        assert pod.run("ip", *changed).returncode == 0
+        try:
+            *reached, control = s.concurrently(
+                [*(lambda t=t: s.udp_sources(pod, t, port=7788) for t in targets),
+                 lambda: s.udp_sources(red0, red1, port=7789)])
+            assert reached == [[]] * len(targets), \
+                f"{spoof}: reached {[t.ip for t in targets]} as {source}: {reached}"
+            assert control == [red0.ip] * 10
+        finally:
+            pod.run("ip", *restore)
+            if spoof != "mac":
+                pod.run("ip", "addr", "add", f"{pod.ip}/24", "dev", pod.ifname)
     assert s.concurrently([lambda: s.udp_sources(pod, red1), lambda: s.udp_sources(pod, red0)]) == \
         [[pod.ip] * 10] * 2
