@@ -131,7 +131,7 @@ def _tenantnet_lsps(lab: ovn.OvnLab) -> list[str]:
     return sorted(name for name, ids in s.logical_ports(lab) if ids.get("tenantnet-owner") == "tenantnet")
 
 
-def _gone(lab: ovn.OvnLab, pod: s.Pod) -> list[str]:
+def leftovers(lab: ovn.OvnLab, pod: s.Pod) -> list[str]:
     """What is left of a deleted attachment (empty: nothing)."""
     left = [f"LSP {name}" for name in s.ports_of(lab, pod)]
     left += [f"OVS port {name}" for name, ids in s.ovs_ports(pod.node) if ids.get("tenantnet-container-id") ==
@@ -152,7 +152,7 @@ def settle(lab: ovn.OvnLab, live: list[s.Pod], gone: list[s.Pod]) -> None:
     for pod in live:
         assert len(s.ports_of(lab, pod)) == 1
         assert [ids for _, ids in s.ovs_ports(pod.node) if ids.get("tenantnet-container-id") == pod.container_id]
-    left = {pod.name: _gone(lab, pod) for pod in gone}
+    left = {pod.name: leftovers(lab, pod) for pod in gone}
     assert not any(left.values()), left
     # every live pod reaches every live pod on another node (a restarted controller takes a
     # moment to bind again: ping keeps trying for a while); all pairs at once
@@ -224,7 +224,7 @@ def test_daemon_down_during_add_and_del(world: World, which: str) -> None:
         assert added.code == 1 and deleted.code == 0, (added, deleted)
         refusal = json.loads(added.stdout)
         assert refusal["code"] == TRY_AGAIN and "did not install" in refusal["msg"], refusal
-        assert _gone(lab, new) == []
+        assert leftovers(lab, new) == []
         assert s.delete(new).code == 0  # the runtime's DEL after a failed ADD: nothing to do
     _restart(lab, daemon)
     _retry(new, added, old, deleted)

@@ -133,10 +133,11 @@ def in_node(node: ovn.OvnNode, config: str, cmd: list[str], stdin: str = "",
     return Invocation(proc.returncode, proc.stdout, proc.stderr)
 
 
-def cni(command: str, node: ovn.OvnNode, config: str, conf: dict[str, Any], cid: str, netns: str) -> Invocation:
+def cni(command: str, node: ovn.OvnNode, config: str, conf: dict[str, Any], cid: str, netns: str,
+        extra_env: dict[str, str] | None = None) -> Invocation:
     env = {"CNI_COMMAND": command, "CNI_CONTAINERID": cid, "CNI_NETNS": f"/run/netns/{netns}",
            "CNI_IFNAME": "net1", "CNI_PATH": str(BIN),
-           "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=tenant;K8S_POD_NAME=p{cid[:6]}"}
+           "CNI_ARGS": f"IgnoreUnknown=1;K8S_POD_NAMESPACE=tenant;K8S_POD_NAME=p{cid[:6]}", **(extra_env or {})}
     return in_node(node, config, [PLUGIN], json.dumps(conf), env)
 
 

@@ -25,14 +25,27 @@ def conf_for(lab, vf, **kw):
     return {k: v for k, v in base.items() if v is not None}
 
 
+def link_state(dev, netns=None):
+    """(name, MAC, MTU) of `dev` in `netns` (None: this namespace); None if it is not there."""
+    where = ["-n", netns] if netns else []
+    link = subprocess.run(["ip", *where, "-j", "link", "show", "dev", dev], capture_output=True, text=True)
+    d = json.loads(link.stdout)[0] if link.returncode == 0 else None
+    return d and (d["ifname"], d["address"], d["mtu"])
+
+
+def representor_state(rep, netns=None):
+    """Whether the representor is up, and its MTU (what DEL restores)."""
+    where = ["-n", netns] if netns else []
+    link = json.loads(subprocess.run(["ip", *where, "-j", "link", "show", "dev", rep], capture_output=True,
+                                     text=True).stdout)[0]
+    return ("UP" in link["flags"], link["mtu"])
+
+
 def vf_snapshot(lab):
     ctl = LabVfControl(str(lab.root))
     out = {}
     for vf in nic(lab)["vfs"]:
-        link = subprocess.run(["ip", "-j", "link", "show", "dev", vf["netdev"]], capture_output=True, text=True)
-        d = json.loads(link.stdout)[0] if link.returncode == 0 else None
-        out[vf["address"]] = (ctl.read(nic(lab)["pf"], vf["index"]).to_dict(),
-                              d and (d["ifname"], d["address"], d["mtu"]))
+        out[vf["address"]] = (ctl.read(nic(lab)["pf"], vf["index"]).to_dict(), link_state(vf["netdev"]))
     return out
 
 
@@ -229,16 +242,10 @@ def test_del_gives_the_representor_back_as_it_was_every_time(switchdev_lab, off,
     vf = nic(switchdev_lab)["vfs"][3]
     conf = conf_for(switchdev_lab, vf, mtu=1400)
     rep = vf["representor"]
-
-    def state():
-        link = json.loads(subprocess.run(["ip", "-j", "link", "show", "dev", rep], capture_output=True,
-                                         text=True).stdout)[0]
-        return ("UP" in link["flags"], link["mtu"])
-
-    before = state()
+    before = representor_state(rep)
     for _ in range(20):
         ns = netns_factory()
         cid = new_cid()
         assert off.add(conf, ns, cid).code == 0
         assert off.call("DEL", conf, cid, ns.path).code == 0
-        assert state() == before
+        assert representor_state(rep) == before
