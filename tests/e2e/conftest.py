@@ -407,3 +407,46 @@ def kube_session() -> Iterator[KubeSession]:
         yield session
     finally:
         kube.down(session.root)
+
+
+class GpuKubeSession:
+    """The simulated 8-GPU server as a Kubernetes lab of its own (`tenantnetctl lab up
+    --kubernetes --gpus 8 --vfs 2`, in /run/tnk-gpu-<pid>: not the shared lab above), for
+    test_dra_kube and test_gpudra_kube, which both asked for this same lab (`--gpus 8` alone
+    means 2 VFs a NIC) and brought it up once each (≈ 15 s apiece). Brought up on first use,
+    again if a test took it down. test_dra_kube runs first and puts back what its agent changed
+    (node config, slices); test_gpudra_kube's last test takes the lab down and checks that
+    nothing of it is left."""
+
+    def __init__(self) -> None:
+        self.root = f"/run/tnk-gpu-{os.getpid()}"
+        self.current: Any = None
+
+    def lab(self) -> Any:
+        from tenantnet.lab import kube, kubebin
+
+        if self.current is not None and kube.status(self.root).running:
+            return self.current
+        why = kubebin.available()
+        if why:
+            pytest.fail(why, pytrace=False)
+        up = subprocess.run([CTL, "lab", "up", "--kubernetes", "--gpus", "8", "--vfs", "2", "--dir", self.root,
+                             "--json"], capture_output=True, text=True, timeout=900, check=False)
+        if up.returncode != 0:
+            kube.down(self.root)
+            pytest.fail(f"lab up --kubernetes --gpus 8 failed:\n{up.stderr}", pytrace=False)
+        info = kube.status(self.root)
+        info.kubectl = json.loads(up.stdout)["kubectl"]
+        self.current = info
+        return info
+
+
+@pytest.fixture(scope="session")
+def gpu_kube_session() -> Iterator[GpuKubeSession]:
+    from tenantnet.lab import kube
+
+    session = GpuKubeSession()
+    try:
+        yield session
+    finally:
+        kube.down(session.root)

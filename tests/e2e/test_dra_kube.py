@@ -1,8 +1,9 @@
 """Issue 28 end to end on a real Kubernetes node: tenantnet as the DRA driver `tenantnet.io`.
 
-One lab for the module: `tenantnetctl lab up --kubernetes --gpus 8 --vfs 2` (the simulated
-8-GPU / 8-NIC server as the node, the lab's simulated GPU driver publishing the GPUs), the
-packaged TenantNetwork CRD, DeviceClasses and RBAC applied, eight TenantNetworks `rail-0` …
+One lab, `tenantnetctl lab up --kubernetes --gpus 8 --vfs 2` (the simulated 8-GPU / 8-NIC
+server as the node, the lab's simulated GPU driver publishing the GPUs; shared with
+test_gpudra_kube, tests/e2e/conftest.py), the packaged TenantNetwork CRD, DeviceClasses and
+RBAC applied, eight TenantNetworks `rail-0` …
 `rail-7` for tenant team-a (one NIC, VLAN and subnet each), and tenantnet's agent run by the
 test with `dra: true` under its ServiceAccount. Checked:
 
@@ -37,9 +38,10 @@ from typing import Any
 import pytest
 import yaml
 
-from tenantnet.lab import kube, kubebin, kubeimages
+from tenantnet.lab import kube, kubeimages
 from tenantnet.lab.nic import LabNic
 from tenantnet.plugin import draclaims, nodeconfig
+from tests.atonce import at_once
 from tests.polling import poll
 
 REPO = Path(__file__).resolve().parents[2]
@@ -89,20 +91,16 @@ def tenant_network(i: int, pf: str) -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def dra() -> Iterator[DraLab]:
-    why = kubebin.available()
-    if why:
-        pytest.fail(why, pytrace=False)
-    root = f"/run/tnk-dra-{os.getpid()}"
-    up = subprocess.run([CTL, "lab", "up", "--kubernetes", "--gpus", "8", "--vfs", "2", "--dir", root, "--json"],
-                        capture_output=True, text=True, timeout=900, check=False)
+def dra(gpu_kube_session: Any) -> Iterator[DraLab]:
+    """The simulated 8-GPU server's lab (tests/e2e/conftest.py's GpuKubeSession, shared with
+    test_gpudra_kube, which runs after this module and takes it down); what the agent changed
+    on it (its node config, its slices) is put back at the end."""
+    lab = gpu_kube_session.lab()
+    node_config = lab.node_config
+    original = Path(node_config).read_text()
     d: DraLab | None = None
     try:
-        assert up.returncode == 0, up.stderr
-        lab = kube.status(root)
-        lab.kubectl = json.loads(up.stdout)["kubectl"]
         cards = sorted(LabNic(lab.ovs_root).describe(), key=lambda c: c["pfAddress"])
-        node_config = lab.node_config
         env = {**os.environ, "TENANTNET_CONFIG": node_config}
         d = DraLab(lab, node_config, env, [c["pf"] for c in cards])
         for manifest in ("packaging/crds/tenantnetwork.yaml", "packaging/dra/deviceclasses.yaml",
@@ -134,8 +132,11 @@ def dra() -> Iterator[DraLab]:
                 except subprocess.TimeoutExpired:
                     p.kill()
                     p.wait()
-        subprocess.run([CTL, "lab", "down", "--dir", root], capture_output=True, text=True, timeout=600,
-                       check=False)
+        Path(node_config).write_text(original)
+        if kube.status(lab.root).running:
+            # The agent leaves its slices for the next agent to take over: none comes here.
+            kube.kubectl(lab, "delete", "resourceslices", "--ignore-not-found",
+                         f"--field-selector=spec.driver=tenantnet.io,spec.nodeName={lab.node_name}")
 
 
 def claim_template(name: str, namespace: str, gpus: bool, networks: list[str] | None = None,
@@ -224,7 +225,7 @@ def test_another_tenants_claim_is_refused_at_prepare(dra: DraLab) -> None:
     and nothing of it stays on the node."""
     dra.apply(claim_template("steal", "team-b", gpus=False, rails=1), pod("thief", "team-b", "steal"))
     try:
-        assert poll(lambda: "tenant isolation" in dra.events("team-b", "thief"), 120, 1), \
+        assert poll(lambda: "tenant isolation" in dra.events("team-b", "thief"), 120, 0.3), \
             dra.events("team-b", "thief") + dra.agent_log()
         assert "may not use TenantNetwork rail-0" in dra.events("team-b", "thief")
         assert dra.get("pod", "-n", "team-b", "thief")["status"]["phase"] == "Pending"
@@ -264,8 +265,9 @@ def test_a_pod_with_8_gpus_and_8_rails_aligned_traffic_and_unprepare(dra: DraLab
         links = dra.kubectl("exec", "-n", a, "trainer", "--", "ip", "-o", "-4", "addr", "show")
         for i in range(RAILS):
             assert f"rail-{i}" in links and mine[f"rail-{i}"] in links, links
-            dra.kubectl("exec", "-n", a, "trainer", "--", "ping", "-c", "1", "-W", "2", "-I", f"rail-{i}",
-                        theirs[f"rail-{i}"], timeout=30)
+        # a ping on every rail, the eight at once (a failed one raises, naming its rail)
+        at_once(*(lambda i=i: dra.kubectl("exec", "-n", a, "trainer", "--", "ping", "-c", "1", "-W", "2", "-I",
+                                          f"rail-{i}", theirs[f"rail-{i}"], timeout=30) for i in range(RAILS)))
         # `tenantnetctl rails --claims`: every pair the scheduler made, PIX.
         shown = subprocess.run([CTL, "--node-config", dra.node_config, "rails", "--claims", "--json"],
                                capture_output=True, text=True, timeout=60, env=dra.env, check=False)

@@ -1,9 +1,10 @@
 """Issue 28: the lab's simulated GPU DRA driver (`gpu.lab.tenantnet.io`, tenantnet/lab/gpudra.py,
 a simulation: no GPU exists) on a real Kubernetes node of its own.
 
-One lab for the module, `tenantnetctl lab up --kubernetes --gpus 8` in /run/tnk-gpu-<pid>
-(not the session's shared lab: this one is the simulated 8-GPU server), taken down at the end
-also on failure. Checked: the driver's ResourceSlice is accepted by the API server with the
+One lab, `tenantnetctl lab up --kubernetes --gpus 8 --vfs 2` in /run/tnk-gpu-<pid> (not the
+session's shared lab: this one is the simulated 8-GPU server; test_dra_kube uses it first,
+tests/e2e/conftest.py), taken down by this module's last test, and at the session's end also
+on failure. Checked: the driver's ResourceSlice is accepted by the API server with the
 eight GPUs and their PCIe roots, one per GPU/NIC pair (the NIC's is the same); the lab's
 node config names the simulated server and the DRA settings; a pod whose ResourceClaimTemplate
 asks for one GPU is placed by the real scheduler, the kubelet has the driver prepare it, and
@@ -21,7 +22,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +29,7 @@ import pytest
 import yaml
 
 from tenantnet.kube.slices import pcie_root
-from tenantnet.lab import gpudra, kube, kubebin, kubeimages
+from tenantnet.lab import gpudra, kube, kubeimages
 from tenantnet.lab.kubeconf import tag
 from tenantnet.plugin import nodeconfig
 from tenantnet.plugin.system.pcitree import PcieTree
@@ -44,20 +44,13 @@ def _ctl(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
 
 
 @pytest.fixture(scope="module")
-def lab() -> Iterator[kube.KubeLab]:
-    why = kubebin.available()
-    if why:
-        pytest.fail(why, pytrace=False)
-    root = f"/run/tnk-gpu-{os.getpid()}"
-    try:
-        up = _ctl("lab", "up", "--kubernetes", "--gpus", "8", "--dir", root, "--json")
-        assert up.returncode == 0, up.stderr
-        info = kube.status(root)
-        info.kubectl = json.loads(up.stdout)["kubectl"]
-        kubectl(info, "create", "namespace", NS)
-        yield info
-    finally:
-        _ctl("lab", "down", "--dir", root)
+def lab(gpu_kube_session: Any) -> kube.KubeLab:
+    """The simulated 8-GPU server's lab (tests/e2e/conftest.py's GpuKubeSession: test_dra_kube
+    used it first and put back what its agent changed); taken down by the last test here, and
+    by the session's end also on failure."""
+    info: kube.KubeLab = gpu_kube_session.lab()
+    kubectl(info, "create", "namespace", NS)
+    return info
 
 
 def kubectl(lab: kube.KubeLab, *args: str, **kw: Any) -> str:

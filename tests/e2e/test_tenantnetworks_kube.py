@@ -29,6 +29,7 @@ import pytest
 
 from tenantnet.lab import kube, kubeimages
 from tenantnet.plugin import kubecache
+from tests.atonce import at_once
 from tests.e2e.test_kube_lab import Lab, klab  # noqa: F401  (the session's lab, tests/e2e/conftest.py)
 from tests.polling import poll
 
@@ -244,7 +245,7 @@ def test_the_node_enforces_the_tenant_network(cluster: Cluster) -> None:
         def refused() -> str:
             events = cluster.get("events", "-n", "team-b", "--field-selector", "involvedObject.name=b1")
             return " ".join(e.get("message", "") for e in (events or {"items": []})["items"])
-        assert poll(lambda: "names no tenantNetwork" in refused(), 120, 1), refused()
+        assert poll(lambda: "names no tenantNetwork" in refused(), 120, 0.3), refused()
     finally:
         cluster.kubectl("delete", "pod", "-n", "team-a", "a1", "--wait=true", "--timeout=120s", timeout=150)
         cluster.kubectl("delete", "pod", "-n", "team-b", "b1", "--wait=true", "--timeout=120s", timeout=150)
@@ -313,7 +314,7 @@ def test_an_agent_restart_changes_nothing_for_running_pods(cluster: Cluster) -> 
         for n in ("r1", "r2"):
             seen = cluster.kubectl("exec", "-n", "team-a", n, "--", "ip", "-o", "-4", "addr", "show", "net1")
             assert ip(n) in seen, seen
-        assert reaches("r1", "r2") and reaches("r2", "r1")
+        assert all(at_once(lambda: reaches("r1", "r2"), lambda: reaches("r2", "r1")))  # each waits its pings out
         kube.apply(lab, json.dumps(_pod("team-a", "r3", "rail-1")))
         cluster.kubectl("wait", "--for=condition=Ready", "pod/r3", "-n", "team-a", "--timeout=180s", timeout=200)
         assert agent()["served"] >= served + 1, agent()
