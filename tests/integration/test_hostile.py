@@ -57,6 +57,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -730,11 +731,25 @@ class Hostile:
     cached: dict[str, hs.NodeState] = field(default_factory=dict)
     # The shared whole-node snapshot (tests/integration/nodestate.py), kept across clean cases.
     node_cached: dict[str, Any] = field(default_factory=dict)
+    # One thread beside the test's: the two looks at the node (below) run side by side.
+    pool: ThreadPoolExecutor = field(default_factory=lambda: ThreadPoolExecutor(1, thread_name_prefix="hx-look"))
 
     def ctx(self, which: str, lab: Lab) -> LabCtx:
         if which not in self.labs:
             self.labs[which] = make_ctx(self, lab, which)
         return self.labs[which]
+
+    def looks(self, ctx: LabCtx, state: bool = True, whole: bool = True) -> tuple[Any, Any]:
+        """The lab's node state (hostile_support.node_state) and its whole-node snapshot
+        (nodestate.snapshot), each only if asked for (else None). Both only read (OVSDB, `ip`,
+        /proc, the lab's files) and neither depends on the other, so they are taken at once:
+        the snapshot in the pool's thread while this one takes the node state."""
+        pending = self.pool.submit(nodestate.snapshot, ctx.lab) if whole else None
+        try:
+            now = ctx.state(self.netns) if state else None
+        finally:
+            snap = pending.result() if pending is not None else None
+        return now, snap
 
 
 def _limits() -> None:
@@ -810,6 +825,7 @@ def hx(lab: Lab, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Hostile]:
         holder.stop()
         if h is not None:
             h.fs.close()
+            h.pool.shutdown()
         for ctx in (h.labs.values() if h else []):
             for p in reversed(ctx.made):
                 if p.is_dir() and not p.is_symlink():
@@ -1072,8 +1088,12 @@ def test_hostile(hx: Hostile, c: Case, way: str, request: pytest.FixtureRequest)
     ours = {host_ifname(env.get("CNI_CONTAINERID", cid), ifname), ifname}
     lab_tags = {_lab_tag(x.lab.root) for x in h.labs.values()}
 
-    before = h.cached.pop(c.lab, None) or ctx.state(h.netns)
-    whole_before = h.node_cached.pop(c.lab, None) or nodestate.snapshot(ctx.lab)
+    before = h.cached.pop(c.lab, None)
+    whole_before = h.node_cached.pop(c.lab, None)
+    if before is None or whole_before is None:
+        fresh, fresh_whole = h.looks(ctx, state=before is None, whole=whole_before is None)
+        before = fresh if before is None else before
+        whole_before = fresh_whole if whole_before is None else whole_before
     served = h.agent.served() if way == "agent" else 0
     session = h.fs.begin(watch)
     out = execute(env, stdin, cwds[0], INPROC_TIMEOUT if way == "inproc" else AGENT_TIMEOUT + 4, h.view)
@@ -1090,11 +1110,10 @@ def test_hostile(hx: Hostile, c: Case, way: str, request: pytest.FixtureRequest)
     sensitive = {v["DECOY_ETC"], v["DECOY_ROOT"], v["OVSD"] + "-evil/ok.json", v["RESOLV"] + "-evil/ok.conf"}
     left = h.fs.end(session, mine=(cid, env.get("CNI_CONTAINERID", cid)), sensitive=sensitive)
     problems += [f"filesystem: {x}" for x in left]
-    after = ctx.state(h.netns)
+    after, whole_after = h.looks(ctx)  # after the filesystem's look: they may touch the lab's files
     changed = hs.state_diff(before, after, ours=ours, container_id=env.get("CNI_CONTAINERID", cid),
                             lab_tags=lab_tags)
     problems += [f"node: {x}" for x in changed]
-    whole_after = nodestate.snapshot(ctx.lab)
     whole_changed = nodestate.diff(whole_before, whole_after)
     if whole_changed:
         problems.append(f"node state (nodestate):\n{whole_changed}")
