@@ -284,20 +284,24 @@ def record_files(lab: Any) -> dict[str, str]:
 
 # ---- processes ------------------------------------------------------------------------------
 
-_config_cache: dict[str, bool] = {}
+# (config path, the lab's paths) → whether the config points into that lab. Keyed by the lab
+# too: a process seen first from another lab's snapshot (test_faults.py snapshots three labs
+# at once) must not be hidden from its own lab's.
+_config_cache: dict[tuple[str, tuple[str, ...]], bool] = {}
 
 
 def _points_into(path: str, lab_paths: tuple[str, ...]) -> bool:
     if path.startswith(lab_paths):
         return True
-    if path not in _config_cache:
+    key = (path, lab_paths)
+    if key not in _config_cache:
         try:
             with open(path, "rb") as fh:
                 text = fh.read(1 << 16).decode(errors="replace")
-            _config_cache[path] = any(p in text for p in lab_paths)
+            _config_cache[key] = any(p in text for p in lab_paths)
         except OSError:
             return False  # not cached: it may appear later
-    return _config_cache[path]
+    return _config_cache[key]
 
 
 def _executable_of(cmdline: list[str]) -> str | None:

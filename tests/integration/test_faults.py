@@ -48,11 +48,18 @@ that nobody serves):
 Every case takes its own baseline just before its ADD, so a leak fails the case that made
 it (a later case starts from the state it left). Netns, agents and attachments are removed
 afterwards also when a case fails (DEL and GC of what it made).
+
+The modes' labs share nothing, so the sweep's cases (the tests marked `@swept`) run in one
+thread per mode, each mode's cases in pytest's order; each test waits for its case and
+raises what it raised. The other tests run alone (see "the sweep, run ahead" below).
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import functools
+import inspect
 import json
 import os
 import random
@@ -60,9 +67,13 @@ import shutil
 import signal
 import statistics
 import subprocess
+import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+import unicodedata
+import uuid
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,8 +164,16 @@ class _StepFinder(ast.NodeVisitor):
         self.generic_visit(node)
 
 
+@functools.cache
 def _parse(path: Path) -> ast.Module:
     return ast.parse(path.read_text(encoding="utf-8"), str(path))
+
+
+def _may_call_step(path: Path) -> bool:
+    """False only when the file cannot call `step`: the name appears nowhere in its text once
+    normalised as Python normalises identifiers (NFKC). Spares parsing and walking the ≈ 140
+    files that have no crash point (the walk was most of this module's import time)."""
+    return "step" in unicodedata.normalize("NFKC", path.read_text(encoding="utf-8"))
 
 
 def _called_names(node: ast.AST) -> set[str]:
@@ -199,12 +218,14 @@ def _saves_per_add() -> int:
     raise AssertionError("tenantnet/plugin/core.py has no Plugin._add: teach test_faults.py how ADD saves records")
 
 
-def _all_sites() -> tuple[list[_Site], list[str]]:
-    """Every `faults.step(...)` call in the source, and the problems found reading them."""
+@functools.cache
+def _sites_and_problems() -> tuple[tuple[_Site, ...], tuple[str, ...]]:
     sites: list[_Site] = []
     problems: list[str] = []
     for root in SOURCE_ROOTS:
         for path in sorted((REPO / root).rglob("*.py")):
+            if not _may_call_step(path):
+                continue
             tree = _parse(path)
             bare = any(isinstance(n, ast.ImportFrom) and n.module == "tenantnet.plugin.faults"
                        and any(a.name == "step" for a in n.names) for n in ast.walk(tree))
@@ -212,7 +233,14 @@ def _all_sites() -> tuple[list[_Site], list[str]]:
             finder.visit(tree)
             sites += finder.sites
             problems += finder.problems
-    return sites, problems
+    return tuple(sites), tuple(problems)
+
+
+def _all_sites() -> tuple[list[_Site], list[str]]:
+    """Every `faults.step(...)` call in the source, and the problems found reading them (read
+    once per process: this module's import, dra_steps() and overlay_steps() share it)."""
+    sites, problems = _sites_and_problems()
+    return list(sites), list(problems)
 
 
 def dra_steps() -> list[str]:
@@ -422,14 +450,14 @@ class PodFactory:
     """pods(mode) → a fresh pod: a netns with lo up (as the runtime leaves it) and a
     container id. Afterwards — unless the test called done() — DEL and GC of its pods."""
 
-    def __init__(self, request: pytest.FixtureRequest, netns_factory: Any, fault_dir: Path) -> None:
-        self.request, self.netns_factory, self.fault_dir = request, netns_factory, fault_dir
+    def __init__(self, node_of: Callable[[str], Node], make_netns: Callable[[], Netns]) -> None:
+        self.node_of, self.make_netns = node_of, make_netns
         self.made: list[Pod] = []
         self.clean = False
 
     def __call__(self, mode: str, **conf_kw: Any) -> Pod:
-        node = node_for(self.request, mode, self.fault_dir)
-        ns = self.netns_factory()
+        node = self.node_of(mode)
+        ns = self.make_netns()
         subprocess.run(["ip", "-n", ns.name, "link", "set", "lo", "up"], check=True, capture_output=True)
         cid = new_cid()
         pod = Pod(node, ns, cid, node.conf(cid, **conf_kw))
@@ -449,9 +477,150 @@ class PodFactory:
 
 @pytest.fixture
 def pods(netns_factory: Any, fault_dir: Path, request: pytest.FixtureRequest) -> Iterator[PodFactory]:
-    factory = PodFactory(request, netns_factory, fault_dir)
+    factory = PodFactory(lambda mode: node_for(request, mode, fault_dir), netns_factory)
     yield factory
     factory.cleanup()  # before netns_factory deletes the namespaces
+
+
+# ---- the sweep, run ahead: one thread per lab ------------------------------------------------------
+#
+# The three modes live on three labs that share nothing (own OVSDB and userspace datapath, own
+# simulated NIC, state, IPAM and devinfo directories; nodestate.snapshot of one lab leaves out
+# every other lab's links and processes, as it must for other runs sharing the machine). A
+# case's time is almost all plugin and agent start-ups, one at a time: one core busy of two. So
+# the cases of the tests marked @swept run ahead of pytest, in one thread per mode, each mode's
+# cases one after the other in pytest's order — within a lab nothing changes: each case takes
+# its baseline just before its ADD and starts from the state the previous case left. Each
+# test then waits for its own case and raises what the case raised (the same assertions, run
+# in the worker). A case's cleanup (DEL and GC of its pods unless done(), its namespaces and
+# agent directory) runs in the worker too, right after it. The other tests of this module
+# wait until no case runs ahead (`_nothing_runs_ahead`).
+
+SWEPT: dict[str, tuple[Callable[..., None], str | None]] = {}  # test name → (case, its mode if fixed)
+WORKER_FIXTURES = ("pods", "agent_dir")  # what a swept case may take besides its parameters
+
+
+def swept(mode: str | None = None) -> Callable[[Callable[..., None]], Callable[..., None]]:
+    """Make a case (taking `pods`, maybe `agent_dir`, and its parameters) a test whose body
+    runs ahead (above); `mode`: the lab of a case without a `mode` parameter."""
+    def wrap(case: Callable[..., None]) -> Callable[..., None]:
+        SWEPT[case.__name__] = (case, mode)
+        names = [n for n in inspect.signature(case).parameters if n not in WORKER_FIXTURES]
+
+        def test(ahead: Ahead, request: pytest.FixtureRequest, **_params: Any) -> None:
+            ahead.outcome(request.node)
+
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        test.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+            [inspect.Parameter(n, kind) for n in ("ahead", "request", *names)])
+        test.__name__ = test.__qualname__ = case.__name__
+        test.__doc__ = case.__doc__
+        return test
+    return wrap
+
+
+@contextlib.contextmanager
+def _temp_dir(prefix: str) -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix=prefix))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+class Ahead:
+    """The selected items of the swept tests, run in one thread per mode (see above)."""
+
+    def __init__(self, nodes: dict[str, Node], items: list[pytest.Function]) -> None:
+        self.nodes = nodes
+        self.finished = {item.nodeid: threading.Event() for item in items}
+        self.raised: dict[str, BaseException] = {}
+        self.stopping = threading.Event()
+        queues: dict[str, list[pytest.Function]] = {}
+        for item in items:
+            queues.setdefault(self.mode_of(item), []).append(item)
+        self.threads = [threading.Thread(target=self._work, args=(queue,), name=f"faults-{mode}")
+                        for mode, queue in queues.items()]
+        for t in self.threads:
+            t.start()
+
+    @staticmethod
+    def mode_of(item: pytest.Function) -> str:
+        _, fixed = SWEPT[item.originalname]
+        return fixed or item.callspec.params["mode"]
+
+    def _work(self, queue: list[pytest.Function]) -> None:
+        for item in queue:
+            try:
+                if self.stopping.is_set():
+                    raise RuntimeError("not run: the sweep was stopped (the session is ending)")
+                self._run(item)
+            except BaseException as exc:  # noqa: B036 — handed to the test, which raises it
+                self.raised[item.nodeid] = exc
+            finally:
+                self.finished[item.nodeid].set()
+
+    def _run(self, item: pytest.Function) -> None:
+        case, _ = SWEPT[item.originalname]
+        made: list[Netns] = []
+
+        def make_netns() -> Netns:  # as conftest's netns_factory
+            ns = Netns(f"tnt-{uuid.uuid4().hex[:10]}")
+            subprocess.run(["ip", "netns", "add", ns.name], check=True, capture_output=True)
+            made.append(ns)
+            return ns
+
+        kw = dict(item.callspec.params)
+        factory = PodFactory(self.nodes.__getitem__, make_netns)
+        try:
+            with contextlib.ExitStack() as stack:
+                if "agent_dir" in inspect.signature(case).parameters:
+                    kw["agent_dir"] = stack.enter_context(_temp_dir("tnfa-"))
+                try:
+                    case(factory, **kw)
+                finally:
+                    factory.cleanup()  # before its namespaces go
+        finally:
+            for ns in made:
+                ns.delete()
+
+    def outcome(self, item: pytest.Item) -> None:
+        """Wait for the item's case; raise what it raised."""
+        self.finished[item.nodeid].wait()
+        if item.nodeid in self.raised:
+            raise self.raised[item.nodeid]
+
+    def drain(self) -> None:
+        for t in self.threads:
+            t.join()
+
+
+_AHEAD: list[Ahead] = []
+
+
+@pytest.fixture(scope="module")
+def ahead(request: pytest.FixtureRequest, fault_dir: Path) -> Iterator[Ahead]:
+    module = sys.modules[__name__]
+    items = [i for i in request.session.items if isinstance(i, pytest.Function)
+             and i.module is module and i.originalname in SWEPT]
+    # The labs are fixtures: brought up here, in pytest's thread, before any worker starts.
+    nodes = {mode: node_for(request, mode, fault_dir) for mode in sorted({Ahead.mode_of(i) for i in items})}
+    runner = Ahead(nodes, items)
+    _AHEAD.append(runner)
+    try:
+        yield runner
+    finally:
+        runner.stopping.set()
+        runner.drain()
+        _AHEAD.remove(runner)
+
+
+@pytest.fixture(autouse=True)
+def _nothing_runs_ahead(request: pytest.FixtureRequest) -> None:
+    """A test of this module that is not swept runs alone: after every case run ahead."""
+    if getattr(request.node, "originalname", "") not in SWEPT:
+        for runner in _AHEAD:
+            runner.drain()
 
 
 def assert_killed(inv: Invocation, mode: str, fault: str, what: str) -> None:
@@ -531,6 +700,7 @@ def test_every_step_is_exercised():
 
 
 @pytest.mark.parametrize("mode,step", UNREACHABLE, ids=_ids(UNREACHABLE))
+@swept()
 def test_unreachable_pairs_stay_unreachable(pods, mode, step):
     """The pairs left out of the sweep: an ADD and a DEL with the fault set run through."""
     pod = pods(mode)
@@ -544,6 +714,7 @@ def test_unreachable_pairs_stay_unreachable(pods, mode, step):
 # ---- ADD killed at each step, then each recovery --------------------------------------------------
 
 @pytest.mark.parametrize("mode,fault,how", ADD_CASES, ids=_ids(ADD_CASES))
+@swept()
 def test_kill_add_then_recover(pods, mode, fault, how):
     pod = pods(mode)
     before = nodestate.snapshot(pod.node.lab, [pod.ns])
@@ -556,14 +727,8 @@ def test_kill_add_then_recover(pods, mode, fault, how):
 
 # ---- the same through the agent ------------------------------------------------------------------
 
-@pytest.fixture
-def agent_dir() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="tnfa-"))
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
 @pytest.mark.parametrize("mode,fault", AGENT_CASES, ids=_ids(AGENT_CASES))
+@swept()
 def test_kill_add_through_agent_then_del(pods, agent_dir, mode, fault):
     pod = pods(mode)
     node = pod.node
@@ -596,6 +761,7 @@ def test_kill_add_through_agent_then_del(pods, agent_dir, mode, fault):
 # ---- the recovery itself killed ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode,step", DEL_CASES, ids=_ids(DEL_CASES))
+@swept()
 def test_kill_del_then_del_again(pods, mode, step):
     pod = pods(mode)
     node = pod.node
@@ -609,6 +775,7 @@ def test_kill_del_then_del_again(pods, mode, step):
 
 
 @pytest.mark.parametrize("mode,step", GC_CASES, ids=_ids(GC_CASES))
+@swept()
 def test_kill_gc_then_gc_again(pods, mode, step):
     pod = pods(mode)
     node = pod.node
@@ -622,6 +789,7 @@ def test_kill_gc_then_gc_again(pods, mode, step):
 
 
 @pytest.mark.parametrize("step", UNDO_CASES)
+@swept(mode="ovs")
 def test_kill_undo_of_stale_record_then_del(pods, step):
     """A re-ADD first undoes the half-made attempt its record describes; killed in that undo."""
     pod = pods("ovs")
@@ -639,6 +807,7 @@ def test_kill_undo_of_stale_record_then_del(pods, step):
 # ---- the IPAM child left alone ----------------------------------------------------------------------
 
 @pytest.mark.parametrize("mode", MODES)
+@swept()
 def test_orphaned_ipam_child_allocation_is_released(pods, mode):
     pod = pods(mode)
     node, cid = pod.node, pod.cid
