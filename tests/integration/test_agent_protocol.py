@@ -64,7 +64,7 @@ def plugin(request: pytest.FixtureRequest, lab: Lab, served_by_agent: AgentProce
                          agent_config=str(served_by_agent.node_config), executable=executable(request.param))
     before = served_by_agent.served()
     yield runner
-    for conf, cid, ifname in reversed(runner.cleanups):
+    for conf, cid, ifname in list(reversed(runner.cleanups)):
         runner.call("DEL", conf, cid, "", ifname)
     assert served_by_agent.proc.poll() is None, "the agent died"
     assert served_by_agent.served() - before == runner.via_agent, "a call did not reach the agent"

@@ -354,7 +354,7 @@ def test_a_vlan_of_one_fabric_granted_twice_refuses_the_whole_policy(fabrics, ne
         assert fabrics.lab.owned_ports() == [] and records(node) == [] and pod_link(ns) is None
         assert vf_state(fabrics) == before
     finally:
-        for c, i, f in runner.cleanups:
+        for c, i, f in list(runner.cleanups):
             runner.call("DEL", c, i, "", f, cni_args=args("team-a"))
 
 
@@ -378,7 +378,7 @@ def test_the_same_bridge_name_on_two_switches_is_two_fabrics(fabrics, netns_fact
         assert runner.call("DEL", conf, cid, ns.path, cni_args=args("team-b")).code == 0
         assert fabrics.lab2.owned_ports() == []
     finally:
-        for c, i, f in runner.cleanups:
+        for c, i, f in list(runner.cleanups):
             runner.call("DEL", c, i, "", f, cni_args=args("team-b"))
 
 

@@ -40,7 +40,7 @@ from tenantnet.lab.nic import LabVfControl
 from tenantnet.plugin import nodepath
 from tenantnet.plugin.drivers.ovs import host_ifname
 from tests.integration import hostile_support as hs
-from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Invocation, Lab, Netns, PluginRunner, new_cid
+from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Lab, Netns, PluginRunner, new_cid
 from tests.integration.test_agent import AgentProcess, call, install_slow_ipam, shim_env
 from tests.integration.test_ovs_offload import conf_for, nic, vf_snapshot
 from tests.integration.test_sriov import snapshot, vfconf, vfs
@@ -184,46 +184,6 @@ def del_now(plugin: PluginRunner) -> None:
     for conf, cid, ifname in list(reversed(plugin.cleanups)):
         plugin.call("DEL", conf, cid, "", ifname)
     plugin.cleanups.clear()
-
-
-class Runner(PluginRunner):
-    """conftest's PluginRunner, except that an attachment whose DEL succeeded leaves the
-    clean-up list. The fixture's clean-up DELs (best effort, results unchecked, run after
-    no_leftovers and guard have looked) are for what a failing test left attached; replaying
-    them for attachments the test itself took down cost a plugin exec each and proved nothing."""
-
-    def call(self, command: str, conf: dict[str, Any], container_id: str = "", netns: str = "",
-             ifname: str = "net1", **kw: Any) -> Invocation:
-        inv = super().call(command, conf, container_id, netns, ifname, **kw)
-        if command == "DEL" and inv.code == 0:
-            self.cleanups[:] = [c for c in self.cleanups
-                                if (c[0].get("name"), c[1], c[2]) != (conf.get("name"), container_id, ifname)]
-        return inv
-
-
-def _runner(lab: Lab) -> Iterator[Runner]:
-    runner = Runner(lab)
-    yield runner
-    # Best-effort teardown of whatever a failing test left attached (as conftest's).
-    for conf, cid, ifname in list(reversed(runner.cleanups)):
-        runner.call("DEL", conf, cid, "", ifname)
-
-
-@pytest.fixture
-def plugin(lab: Lab) -> Iterator[Runner]:
-    yield from _runner(lab)
-
-
-@pytest.fixture
-def vfp(nic_lab: Lab) -> Iterator[Runner]:
-    """The plugin on the lab with a simulated SR-IOV NIC."""
-    yield from _runner(nic_lab)
-
-
-@pytest.fixture
-def off(switchdev_lab: Lab) -> Iterator[Runner]:
-    """The plugin on the lab whose simulated NIC is in switchdev mode."""
-    yield from _runner(switchdev_lab)
 
 
 def assert_refused(run: Run, code: int, *words: str) -> None:
@@ -1405,7 +1365,7 @@ def test_11_state_directories_records_and_logs_are_private(lab, netns_factory, t
     logs.mkdir()
     ipam_dir = allowed_dir(lab, "ipamDataDirs") / f"modes-{tag()}"
     node = write_node(tmp_path / "node.yaml", lab, stateDir=str(state), logFile=str(logs / "tenantnet.log"))
-    runner = Runner(lab, extra_env={"TENANTNET_CONFIG": str(node)})
+    runner = PluginRunner(lab, extra_env={"TENANTNET_CONFIG": str(node)})
     ns = netns_factory()
     cid = new_cid()
     conf = runner.conf(name="modes", logFile=str(logs / "nad.log"),
