@@ -7,8 +7,8 @@ which a node's replica is measured)."""
 
 from __future__ import annotations
 
-import os
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -73,12 +73,23 @@ def _serve(tmp: Path) -> subprocess.Popen[bytes]:
 
 
 def _wait_socket(server: NbServer) -> None:
+    # Until a connect succeeds, not until the file exists: ovsdb-server binds (the file
+    # appears) before it listens, and on a loaded machine a client in between was refused.
     deadline = time.monotonic() + 10
-    while not os.path.exists(server.dir / "nb.sock"):
+    while not _accepts(server.dir / "nb.sock"):
         if server.proc.poll() is not None or time.monotonic() > deadline:
             server.stop()
             raise RuntimeError(f"ovsdb-server for the lab NB did not start (see {server.dir / 'nb.log'})")
         time.sleep(0.01)
+
+
+def _accepts(path: Path) -> bool:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        try:
+            s.connect(str(path))
+            return True
+        except OSError:
+            return False
 
 
 def start(parent: str | None = None) -> NbServer:
