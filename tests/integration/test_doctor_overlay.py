@@ -23,7 +23,7 @@ import yaml
 
 from tenantnet.lab import ovn
 
-pytestmark = pytest.mark.skipif(shutil.which("ovn-northd") is None, reason="needs OVN (make deps installs it)")
+pytestmark = pytest.mark.usefixtures("ovn_installed")
 
 CTL = str(Path(sys.executable).parent / "tenantnetctl")
 RAIL_CHECKS = ("bridge", "chassis", "encap IP", "underlay MTU", "datapath")

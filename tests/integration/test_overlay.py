@@ -21,7 +21,7 @@ import pytest
 
 from tenantnet.lab import ovn
 
-pytestmark = pytest.mark.skipif(shutil.which("ovn-northd") is None, reason="needs OVN (make deps installs it)")
+pytestmark = pytest.mark.usefixtures("ovn_installed")
 
 BIN = Path(sys.executable).parent
 SUBNET = "10.88.9.0/24"  # inside the lab's clusterPools (10.88.0.0/16)

@@ -6,7 +6,6 @@ GC, and the replica's bound with 2,000 ports of other nodes in the NB."""
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -14,8 +13,7 @@ import pytest
 from tenantnet.lab import nbserver
 from tenantnet.plugin.system import ovnnb
 
-pytestmark = pytest.mark.skipif(shutil.which("ovsdb-server") is None or not nbserver.NB_SCHEMA.exists(),
-                                reason="needs ovsdb-server and OVN's NB schema")
+pytestmark = pytest.mark.usefixtures("ovn_installed")
 
 OTHERS = 2000
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import copy
 import json
-import shutil
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,8 +18,7 @@ from tenantnet.kube import nbswitches
 from tenantnet.kube.nbswitches import SwitchKeeper
 from tenantnet.lab import nbserver
 
-pytestmark = pytest.mark.skipif(shutil.which("ovsdb-server") is None or not nbserver.NB_SCHEMA.exists(),
-                                reason="needs ovsdb-server and OVN's NB schema")
+pytestmark = pytest.mark.usefixtures("ovn_installed")
 
 
 @pytest.fixture
