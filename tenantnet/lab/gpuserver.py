@@ -25,6 +25,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from tenantnet.lab import kubehost
+
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
@@ -74,7 +76,8 @@ def start(root: str) -> int:
                                 stdout=log, stderr=log, start_new_session=True)
     (kubelet_dir(root) / "kubelet.pid").write_text(str(proc.pid))
     deadline = time.monotonic() + 10
-    while not os.path.exists(socket_path(root)):
+    # Until it accepts, not until its file exists (bound before it listens).
+    while not kubehost.socket_is_live(Path(socket_path(root))):
         if proc.poll() is not None or time.monotonic() > deadline:
             raise RuntimeError("the simulated kubelet did not start "
                                f"(see {kubelet_dir(root) / 'kubelet.log'})")

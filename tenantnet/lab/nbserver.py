@@ -8,7 +8,6 @@ which a node's replica is measured)."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -16,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tenantnet.lab import kubehost
 from tenantnet.plugin.system.ovsdb import Ovsdb
 
 NB_SCHEMA = Path("/usr/share/ovn/ovn-nb.ovsschema")
@@ -76,20 +76,11 @@ def _wait_socket(server: NbServer) -> None:
     # Until a connect succeeds, not until the file exists: ovsdb-server binds (the file
     # appears) before it listens, and on a loaded machine a client in between was refused.
     deadline = time.monotonic() + 10
-    while not _accepts(server.dir / "nb.sock"):
+    while not kubehost.socket_is_live(server.dir / "nb.sock"):
         if server.proc.poll() is not None or time.monotonic() > deadline:
             server.stop()
             raise RuntimeError(f"ovsdb-server for the lab NB did not start (see {server.dir / 'nb.log'})")
         time.sleep(0.01)
-
-
-def _accepts(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-        try:
-            s.connect(str(path))
-            return True
-        except OSError:
-            return False
 
 
 def start(parent: str | None = None) -> NbServer:
