@@ -380,20 +380,26 @@ class OvnNb:
             raise NbFailure(f"network {network}: tunnel key {tunnel_key} is outside 1..{MAX_TNL_KEY}")
         ids = {**(external_ids or {}), OWNER_KEY: OWNER, OWNER_NETWORK: network, OWNER_SWITCH: name}
         other = {TNL_KEY: str(tunnel_key)} if tunnel_key is not None else {}
-        api = self.api()
-        with api.ovsdb_connection.lock:
-            from ovsdbapp.backend.ovs_idl import idlutils
-            row = idlutils.row_by_value(api.idl, _LS, "name", name, None)
+        row = self._switch_row(name)
         if row is None:
             self._refuse_foreign_switch(name)
             self._create_switch(name, ids, other)
             self._replicated_switch(name)
         elif not create_only:
+            api = self.api()
             cmds = [api.db_set(_LS, row.uuid, ("external_ids", ids))]
             if other:
                 cmds.append(api.db_set(_LS, row.uuid, ("other_config", other)))
             self._commit(f"updating logical switch {name}", *cmds)
         return name
+
+    def _switch_row(self, name: str) -> Any:
+        """The replica's logical switch named `name`, or None."""
+        from ovsdbapp.backend.ovs_idl import idlutils
+
+        api = self.api()
+        with api.ovsdb_connection.lock:
+            return idlutils.row_by_value(api.idl, _LS, "name", name, None)
 
     def _create_switch(self, name: str, ids: dict[str, str], other: dict[str, str]) -> None:
         """Insert the switch only while no switch of that name exists, in one transaction
@@ -425,14 +431,8 @@ class OvnNb:
         above, or by another agent meanwhile): its update comes on ovsdbapp's own monitor, a
         moment after the write's reply, and a port is linked to the switch the replica holds
         (SwitchNotFound otherwise: seen with agents racing to make one switch)."""
-        from ovsdbapp.backend.ovs_idl import idlutils
-
-        api = self.api()
         deadline = time.monotonic() + self.timeout
-        while True:
-            with api.ovsdb_connection.lock:
-                if idlutils.row_by_value(api.idl, _LS, "name", name, None) is not None:
-                    return
+        while self._switch_row(name) is None:
             if time.monotonic() >= deadline:
                 raise NbUnavailable(f"logical switch {name} was made, but this node's replica of the NB did "
                                     f"not show it within {self.timeout:g}s")
