@@ -10,7 +10,7 @@ crash point, in the overlay lab with the simulated switchdev NIC of test_overlay
   representor off OVS, and every VF and representor of the NIC as it was before the ADD
   (VF control state; VF netdev and representor back in the node's namespace under their
   names with their MAC and MTU; the representor's up flag and MTU: test_ovs_offload's
-  link_state / representor_state).
+  link_json and its readings).
 - A DEL killed at its crash point (the logical port just deleted), then DEL again: the same.
 - GC: an offload attachment whose record is lost has its logical port and representor port
   removed and its VF given back; a live attachment (kept as valid) keeps all of its own.
@@ -36,7 +36,7 @@ from tests.integration import overlaysupport as s
 from tests.integration import test_overlay_offload as oo
 from tests.integration.test_overlay_faults import ADD_POINTS, DEL_POINT, FAULT_ENV, leftovers
 from tests.integration.test_overlay_offload import olab as olab  # noqa: F401  (a fixture)
-from tests.integration.test_ovs_offload import link_state, representor_state
+from tests.integration.test_ovs_offload import link_json, link_state, named, up_and_mtu
 
 pytestmark = pytest.mark.root
 
@@ -99,9 +99,10 @@ class Node1:
         representor's (name, MAC, MTU) in the node's namespace (None: not there); each
         representor's up flag and MTU."""
         ns = self.o.node1.netns
-        links = {vf["address"]: (link_state(vf["netdev"], ns), link_state(vf["representor"], ns),
-                                 link_state(vf["representor"], ns) and representor_state(vf["representor"], ns))
-                 for vfs in self.o.vfs().values() for vf in vfs}
+        links = {}
+        for vf in [vf for vfs in self.o.vfs().values() for vf in vfs]:
+            rep = link_json(vf["representor"], ns)  # one look at it, for both of its entries
+            links[vf["address"]] = (link_state(vf["netdev"], ns), named(rep), rep and up_and_mtu(rep))
         return {"control": self.o.vf_state(), "links": links}
 
 

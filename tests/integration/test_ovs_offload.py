@@ -25,20 +25,31 @@ def conf_for(lab, vf, **kw):
     return {k: v for k, v in base.items() if v is not None}
 
 
-def link_state(dev, netns=None):
-    """(name, MAC, MTU) of `dev` in `netns` (None: this namespace); None if it is not there."""
+def link_json(dev, netns=None):
+    """`ip -j link show dev` of `dev` in `netns` (None: this namespace); None if it is not there."""
     where = ["-n", netns] if netns else []
     link = subprocess.run(["ip", *where, "-j", "link", "show", "dev", dev], capture_output=True, text=True)
-    d = json.loads(link.stdout)[0] if link.returncode == 0 else None
-    return d and (d["ifname"], d["address"], d["mtu"])
+    return json.loads(link.stdout)[0] if link.returncode == 0 else None
+
+
+def named(link):
+    """(name, MAC, MTU) of a `link_json` answer; None for None."""
+    return link and (link["ifname"], link["address"], link["mtu"])
+
+
+def up_and_mtu(link):
+    """Whether a representor's `link_json` answer is up, and its MTU (what DEL restores)."""
+    return ("UP" in link["flags"], link["mtu"])
+
+
+def link_state(dev, netns=None):
+    """(name, MAC, MTU) of `dev` in `netns` (None: this namespace); None if it is not there."""
+    return named(link_json(dev, netns))
 
 
 def representor_state(rep, netns=None):
     """Whether the representor is up, and its MTU (what DEL restores)."""
-    where = ["-n", netns] if netns else []
-    link = json.loads(subprocess.run(["ip", *where, "-j", "link", "show", "dev", rep], capture_output=True,
-                                     text=True).stdout)[0]
-    return ("UP" in link["flags"], link["mtu"])
+    return up_and_mtu(link_json(rep, netns))
 
 
 def vf_snapshot(lab):
