@@ -7,6 +7,7 @@ touched; processes are stopped by their own pid files.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -153,8 +154,9 @@ class Netns:
         subprocess.run(["ip", "netns", "delete", self.name], capture_output=True, check=False)
 
 
-@pytest.fixture
-def netns_factory() -> Iterator[Any]:
+@contextlib.contextmanager
+def netns_maker() -> Iterator[Callable[[], Netns]]:
+    """A maker of fresh network namespaces, each deleted when the block ends (also on failure)."""
     made: list[Netns] = []
 
     def make() -> Netns:
@@ -163,9 +165,17 @@ def netns_factory() -> Iterator[Any]:
         made.append(ns)
         return ns
 
-    yield make
-    for ns in made:
-        ns.delete()
+    try:
+        yield make
+    finally:
+        for ns in made:
+            ns.delete()
+
+
+@pytest.fixture
+def netns_factory() -> Iterator[Callable[[], Netns]]:
+    with netns_maker() as make:
+        yield make
 
 
 @dataclass

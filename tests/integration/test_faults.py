@@ -72,7 +72,6 @@ import tempfile
 import threading
 import time
 import unicodedata
-import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -84,7 +83,7 @@ import yaml
 from tenantnet.lab.nic import LabNic
 from tenantnet.plugin import faults
 from tests.integration import nodestate
-from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Invocation, Lab, Netns, new_cid
+from tests.integration.conftest import BIN, GO_PLUGINS, PLUGIN, Invocation, Lab, Netns, netns_maker, new_cid
 from tests.integration.test_agent import AgentProcess, agent_node_config, start_agent, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -562,27 +561,15 @@ class Ahead:
 
     def _run(self, item: pytest.Function) -> None:
         case, _ = SWEPT[item.originalname]
-        made: list[Netns] = []
-
-        def make_netns() -> Netns:  # as conftest's netns_factory
-            ns = Netns(f"tnt-{uuid.uuid4().hex[:10]}")
-            subprocess.run(["ip", "netns", "add", ns.name], check=True, capture_output=True)
-            made.append(ns)
-            return ns
-
         kw = dict(item.callspec.params)
-        factory = PodFactory(self.nodes.__getitem__, make_netns)
-        try:
-            with contextlib.ExitStack() as stack:
-                if "agent_dir" in inspect.signature(case).parameters:
-                    kw["agent_dir"] = stack.enter_context(_temp_dir("tnfa-"))
-                try:
-                    case(factory, **kw)
-                finally:
-                    factory.cleanup()  # before its namespaces go
-        finally:
-            for ns in made:
-                ns.delete()
+        with contextlib.ExitStack() as stack:
+            factory = PodFactory(self.nodes.__getitem__, stack.enter_context(netns_maker()))
+            if "agent_dir" in inspect.signature(case).parameters:
+                kw["agent_dir"] = stack.enter_context(_temp_dir("tnfa-"))
+            try:
+                case(factory, **kw)
+            finally:
+                factory.cleanup()  # before its namespaces go (the stack's exit)
 
     def outcome(self, item: pytest.Item) -> None:
         """Wait for the item's case; raise what it raised."""
